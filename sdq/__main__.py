@@ -1,0 +1,3 @@
+from sdq.cli import main
+
+raise SystemExit(main())

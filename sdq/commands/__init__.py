@@ -1,0 +1,1 @@
+"""CLI subcommands; see sdq.cli for the contract each module follows."""

@@ -1,0 +1,72 @@
+"""Every buffer the forward pass allocates, by name, shape and dtype — counted before allocation.
+
+The memory plan (sdq.memory) sums `workspace_layout` to size the arena; the engine allocates
+exactly these arrays through `Workspace`. Nothing the engine holds per run lives outside this
+table (apart from the resident dense weights, which the plan counts from the GGUF).
+
+Dimension key: L layers, C context length, T ubatch tokens, D n_embd, H heads, Hkv KV heads,
+Dh head dim, E experts, K experts used, F expert FFN size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def workspace_layout(spec, n_ctx: int, n_ubatch: int) -> dict[str, tuple[tuple[int, ...], type]]:
+    """name -> (shape, dtype) for the KV cache and the ubatch compute buffers."""
+    L, C, T = spec.n_layer, n_ctx, n_ubatch
+    D, H, Hkv, Dh = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim
+    E, K, F, V = spec.n_expert, spec.n_expert_used, spec.expert_ffn, spec.n_vocab
+    return {
+        # KV cache
+        "k_cache": ((L, C, Hkv * Dh), np.float32),  # [L, C, Hkv*Dh]
+        "v_cache": ((L, C, Hkv * Dh), np.float32),  # [L, C, Hkv*Dh]
+        # ubatch compute buffers
+        "x": ((T, D), np.float32),  # residual stream
+        "xn": ((T, D), np.float32),  # normed input of attention / FFN
+        "q": ((T, H * Dh), np.float32),
+        "k": ((T, Hkv * Dh), np.float32),
+        "v": ((T, Hkv * Dh), np.float32),
+        "attn": ((T, H * Dh), np.float32),  # attention output before wo
+        "scores": ((T, C), np.float32),  # one head's scores at a time
+        "router": ((T, E), np.float32),
+        "topk_ids": ((T, K), np.int32),
+        "topk_w": ((T, K), np.float32),
+        "ffn_gate": ((T, F), np.float32),
+        "ffn_up": ((T, F), np.float32),
+        "ffn_out": ((T, D), np.float32),
+        "logits": ((V,), np.float32),
+    }
+
+
+def workspace_bytes(spec, n_ctx: int, n_ubatch: int) -> dict[str, int]:
+    """name -> bytes, for the plan."""
+    return {
+        name: int(np.prod(shape)) * np.dtype(dtype).itemsize
+        for name, (shape, dtype) in workspace_layout(spec, n_ctx, n_ubatch).items()
+    }
+
+
+@dataclass
+class Workspace:
+    """The allocated buffers; attribute access by name (ws.x, ws.k_cache, ...)."""
+
+    buffers: dict[str, np.ndarray]
+
+    @classmethod
+    def allocate(cls, spec, n_ctx: int, n_ubatch: int) -> Workspace:
+        layout = workspace_layout(spec, n_ctx, n_ubatch)
+        return cls({name: np.zeros(shape, dtype) for name, (shape, dtype) in layout.items()})
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.buffers[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers.values())

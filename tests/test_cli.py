@@ -1,0 +1,16 @@
+import subprocess
+import sys
+
+from sdq.cli import main
+
+
+def test_help_lists_commands(capsys):
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert "usage: sdq" in out
+
+
+def test_python_dash_m_matches_console_script():
+    proc = subprocess.run([sys.executable, "-m", "sdq", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("sdq ")
