@@ -1,0 +1,37 @@
+"""The one place for Numba JIT flags.
+
+Every kernel in sdq.kernels is compiled with ``cache=True`` (a second process loads the
+machine code from ``__pycache__`` instead of recompiling) and ``nogil=True`` (the pager's
+I/O threads and the caller's Python threads keep running while a kernel computes).
+
+fastmath policy:
+- Dequantization and activation quantization: **off**. They must be bit-exact with
+  gguf-py / ggml, and fused multiply-add or reassociation would change the last bit.
+- Integer dot products (Q8_0, Q4_0, K-quants against 8-bit activations): off. The inner
+  sums are integers, so LLVM vectorizes them without any permission; the few float
+  operations per block stay in source order.
+- Float dot products, norms, softmax and attention: ``FLOAT_MATH`` (reassociation and
+  contraction only). Reassociation lets LLVM vectorize float reductions, as ggml's SIMD
+  code also sums in a different order than a scalar loop. NaN/Inf semantics are kept.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+# Flags that allow a float reduction to be vectorized (sum order changes; NaN/Inf kept).
+FLOAT_MATH = frozenset({"reassoc", "contract"})
+
+
+def kernel(fn=None, *, parallel: bool = False, fastmath=False):
+    """Compile ``fn`` with the project's flags: cached, GIL released."""
+
+    def wrap(f):
+        return njit(cache=True, nogil=True, parallel=parallel, fastmath=fastmath)(f)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def inline(fn):
+    """A helper inlined into the kernels that call it (compiled with them, never alone)."""
+    return njit(inline="always", cache=True, nogil=True)(fn)
