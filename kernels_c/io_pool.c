@@ -1,57 +1,296 @@
 /*
- * sdq._io — native I/O for the expert pager.
+ * io_pool — persistent pthread pool executing batches of preads (see io_pool.h).
  *
- * For now: pread_into(fd, offset, buffer) reads exactly len(buffer) bytes at offset
- * with the GIL released. The thread pool, batches and cache modes build on this.
+ * One FIFO of tasks protected by the pool mutex. Workers are numbered; shrinking the pool
+ * lowers `target` and every worker whose number is >= target leaves after its current task,
+ * so queued tasks are never lost. Completion is counted per batch and per group under the
+ * batch's own mutex; after a worker's final unlock it never touches the batch again.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "io_pool.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-static PyObject *py_pread_into(PyObject *self, PyObject *args) {
-    (void)self;
-    int fd;
-    long long offset;
-    Py_buffer buf;
-    if (!PyArg_ParseTuple(args, "iLw*", &fd, &offset, &buf)) return NULL;
-    char *dst = buf.buf;
-    Py_ssize_t want = buf.len, done = 0;
-    int err = 0;
-    Py_BEGIN_ALLOW_THREADS
-    while (done < want) {
-        ssize_t n = pread(fd, dst + done, (size_t)(want - done), (off_t)(offset + done));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            err = errno;
-            break;
-        }
-        if (n == 0) break; /* end of file */
-        done += n;
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&buf);
-    if (err) {
-        PyErr_Format(PyExc_OSError, "pread fd %d offset %lld length %zd: %s", fd, offset, want,
-                     strerror(err));
-        return NULL;
-    }
-    if (done < want) {
-        PyErr_Format(PyExc_EOFError, "short read: fd %d offset %lld wanted %zd got %zd", fd,
-                     offset, want, done);
-        return NULL;
-    }
-    return PyLong_FromSsize_t(done);
-}
+#define WORKER_STACK_BYTES (256 * 1024)
 
-static PyMethodDef methods[] = {
-    {"pread_into", py_pread_into, METH_VARARGS,
-     "pread_into(fd, offset, buffer) -> bytes read; fills the whole writable buffer."},
-    {NULL, NULL, 0, NULL},
+typedef struct worker_arg {
+    sdq_pool *pool;
+    int index;
+} worker_arg;
+
+struct sdq_pool {
+    pthread_mutex_t mu;     /* queue, target, stop */
+    pthread_cond_t cv;      /* work available or target/stop changed */
+    pthread_mutex_t resize; /* serializes set_threads and destroy */
+    sdq_task *head, *tail;
+    int target, running, stop;
+    pthread_t threads[SDQ_MAX_THREADS];
+    worker_arg args[SDQ_MAX_THREADS];
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sdq._io", NULL, -1, methods};
+int64_t sdq_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
-PyMODINIT_FUNC PyInit__io(void) { return PyModule_Create(&module); }
+void sdq_run_read(sdq_read *r, int flags) {
+    r->start_ns = sdq_now_ns();
+    r->done = 0;
+    r->err = 0;
+    r->kind = SDQ_OK;
+    while (r->done < r->need) {
+        ssize_t n = pread(r->fd, r->dest + r->done, (size_t)(r->length - r->done),
+                          (off_t)(r->offset + r->done));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            r->err = errno;
+            r->kind = SDQ_ERRNO;
+            break;
+        }
+        if (n == 0) {
+            r->kind = r->done == 0 ? SDQ_PAST_EOF : SDQ_SHORT;
+            break;
+        }
+        r->done += n;
+    }
+    if ((flags & SDQ_FLAG_DONTNEED) && r->done > 0)
+        posix_fadvise(r->fd, (off_t)r->offset, (off_t)r->done, POSIX_FADV_DONTNEED);
+    r->end_ns = sdq_now_ns();
+}
+
+static void finish_task(sdq_task *t) {
+    sdq_batch *b = t->batch;
+    int32_t g = t->group;
+    pthread_mutex_lock(&b->mu);
+    b->group_left[g]--;
+    b->tasks_left--;
+    if (b->group_left[g] == 0 || b->tasks_left == 0) pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void run_task(sdq_task *t) {
+    sdq_batch *b = t->batch;
+    for (int32_t i = t->first; i < t->first + t->count; i++) sdq_run_read(&b->reads[i], b->flags);
+    finish_task(t);
+}
+
+static void *worker_main(void *p) {
+    worker_arg *arg = p;
+    sdq_pool *pool = arg->pool;
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        while (!pool->stop && arg->index < pool->target && pool->head == NULL)
+            pthread_cond_wait(&pool->cv, &pool->mu);
+        if (pool->stop || arg->index >= pool->target) break;
+        sdq_task *t = pool->head;
+        pool->head = t->next;
+        if (pool->head == NULL) pool->tail = NULL;
+        pthread_mutex_unlock(&pool->mu);
+        run_task(t);
+        pthread_mutex_lock(&pool->mu);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+int sdq_pool_create(sdq_pool **out, int threads) {
+    *out = NULL;
+    if (threads < 1 || threads > SDQ_MAX_THREADS) return EINVAL;
+    sdq_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) return ENOMEM;
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->cv, NULL);
+    pthread_mutex_init(&pool->resize, NULL);
+    int err = sdq_pool_set_threads(pool, threads);
+    if (err) {
+        sdq_pool_destroy(pool);
+        return err;
+    }
+    *out = pool;
+    return 0;
+}
+
+int sdq_pool_threads(sdq_pool *pool) {
+    pthread_mutex_lock(&pool->mu);
+    int n = pool->running;
+    pthread_mutex_unlock(&pool->mu);
+    return n;
+}
+
+/* Joins workers [keep, running). Caller holds pool->resize. */
+static void join_from(sdq_pool *pool, int keep) {
+    pthread_mutex_lock(&pool->mu);
+    int running = pool->running;
+    pool->target = keep;
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = keep; i < running; i++) pthread_join(pool->threads[i], NULL);
+    pthread_mutex_lock(&pool->mu);
+    pool->running = keep;
+    pthread_mutex_unlock(&pool->mu);
+}
+
+int sdq_pool_set_threads(sdq_pool *pool, int threads) {
+    if (threads < 1 || threads > SDQ_MAX_THREADS) return EINVAL;
+    int err = 0;
+    pthread_mutex_lock(&pool->resize);
+    if (pool->stop) {
+        err = EPIPE;
+    } else if (threads < pool->running) {
+        join_from(pool, threads);
+    } else if (threads > pool->running) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, WORKER_STACK_BYTES);
+        pthread_mutex_lock(&pool->mu);
+        pool->target = threads;
+        int i = pool->running;
+        for (; i < threads; i++) {
+            pool->args[i].pool = pool;
+            pool->args[i].index = i;
+            err = pthread_create(&pool->threads[i], &attr, worker_main, &pool->args[i]);
+            if (err) break;
+        }
+        pool->running = i;
+        pool->target = i;
+        pthread_mutex_unlock(&pool->mu);
+        pthread_attr_destroy(&attr);
+    }
+    pthread_mutex_unlock(&pool->resize);
+    return err;
+}
+
+void sdq_pool_destroy(sdq_pool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->resize);
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->cv);
+    int running = pool->running;
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 0; i < running; i++) pthread_join(pool->threads[i], NULL);
+    /* cancel what never ran, so no waiter hangs */
+    sdq_task *t = pool->head;
+    pool->head = pool->tail = NULL;
+    while (t) {
+        sdq_task *next = t->next;
+        sdq_batch *b = t->batch;
+        for (int32_t i = t->first; i < t->first + t->count; i++) {
+            b->reads[i].kind = SDQ_CANCELED;
+            b->reads[i].err = ECANCELED;
+            b->reads[i].start_ns = b->reads[i].end_ns = sdq_now_ns();
+        }
+        finish_task(t);
+        t = next;
+    }
+    pthread_mutex_unlock(&pool->resize);
+    pthread_mutex_destroy(&pool->resize);
+    pthread_cond_destroy(&pool->cv);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool);
+}
+
+sdq_batch *sdq_batch_new(int32_t n_reads, int32_t n_tasks, int32_t n_groups, int flags) {
+    if (n_reads < 1 || n_tasks < 1 || n_groups < 1) return NULL;
+    sdq_batch *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->reads = calloc((size_t)n_reads, sizeof *b->reads);
+    b->tasks = calloc((size_t)n_tasks, sizeof *b->tasks);
+    b->group_left = calloc((size_t)n_groups, sizeof *b->group_left);
+    if (!b->reads || !b->tasks || !b->group_left) {
+        free(b->reads);
+        free(b->tasks);
+        free(b->group_left);
+        free(b);
+        return NULL;
+    }
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    b->n_reads = n_reads;
+    b->n_tasks = n_tasks;
+    b->n_groups = n_groups;
+    b->flags = flags;
+    return b;
+}
+
+void sdq_batch_set_task(sdq_batch *b, int32_t task, int32_t first, int32_t count, int32_t group) {
+    sdq_task *t = &b->tasks[task];
+    t->batch = b;
+    t->first = first;
+    t->count = count;
+    t->group = group;
+}
+
+int sdq_pool_submit(sdq_pool *pool, sdq_batch *b) {
+    int64_t now = sdq_now_ns();
+    for (int32_t i = 0; i < b->n_reads; i++) b->reads[i].submit_ns = now;
+    pthread_mutex_lock(&b->mu);
+    for (int32_t g = 0; g < b->n_groups; g++) b->group_left[g] = 0;
+    for (int32_t i = 0; i < b->n_tasks; i++) b->group_left[b->tasks[i].group]++;
+    b->tasks_left = b->n_tasks;
+    pthread_mutex_unlock(&b->mu);
+
+    pthread_mutex_lock(&pool->mu);
+    if (pool->stop) {
+        pthread_mutex_unlock(&pool->mu);
+        pthread_mutex_lock(&b->mu);
+        b->tasks_left = 0;
+        for (int32_t g = 0; g < b->n_groups; g++) b->group_left[g] = 0;
+        pthread_mutex_unlock(&b->mu);
+        return EPIPE;
+    }
+    for (int32_t i = 0; i < b->n_tasks; i++) {
+        sdq_task *t = &b->tasks[i];
+        t->next = NULL;
+        if (pool->tail)
+            pool->tail->next = t;
+        else
+            pool->head = t;
+        pool->tail = t;
+    }
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    return 0;
+}
+
+void sdq_batch_wait_group(sdq_batch *b, int32_t group) {
+    pthread_mutex_lock(&b->mu);
+    while (b->group_left[group] > 0) pthread_cond_wait(&b->cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void sdq_batch_wait_all(sdq_batch *b) {
+    pthread_mutex_lock(&b->mu);
+    while (b->tasks_left > 0) pthread_cond_wait(&b->cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+}
+
+int sdq_batch_group_done(sdq_batch *b, int32_t group) {
+    pthread_mutex_lock(&b->mu);
+    int done = b->group_left[group] == 0;
+    pthread_mutex_unlock(&b->mu);
+    return done;
+}
+
+int sdq_batch_all_done(sdq_batch *b) {
+    pthread_mutex_lock(&b->mu);
+    int done = b->tasks_left == 0;
+    pthread_mutex_unlock(&b->mu);
+    return done;
+}
+
+void sdq_batch_free(sdq_batch *b) {
+    if (!b) return;
+    sdq_batch_wait_all(b);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b->reads);
+    free(b->tasks);
+    free(b->group_left);
+    free(b);
+}

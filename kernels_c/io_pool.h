@@ -1,0 +1,88 @@
+/*
+ * io_pool — a persistent pool of POSIX threads that executes batches of preads.
+ *
+ * Pure C (no Python): sdq._io wraps it (io_module.c), and kernels_c/test_io_pool.c drives it
+ * under valgrind. A batch is an array of reads grouped into tasks and groups:
+ *
+ *   read   one pread loop: (fd, offset, length, need, dest). It succeeds when at least `need`
+ *          bytes arrived (need < length only for O_DIRECT reads whose aligned tail may lie
+ *          past the end of the file).
+ *   task   consecutive reads executed in order by one worker (mode serial: an expert's three
+ *          segments; mode parallel: one segment; mode split: one chunk).
+ *   group  the unit a caller waits for (one expert): done when all its tasks are done.
+ *
+ * Nothing here exits or aborts: every failure is recorded in the read (err, kind) and returned.
+ */
+#ifndef SDQ_IO_POOL_H
+#define SDQ_IO_POOL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define SDQ_MAX_THREADS 256
+#define SDQ_DIRECT_ALIGN 4096
+
+/* batch flags */
+#define SDQ_FLAG_DONTNEED 1 /* posix_fadvise(DONTNEED) on each read's range after it */
+#define SDQ_FLAG_DIRECT 2   /* reads go to an O_DIRECT fd: offset, length, dest 4096-aligned */
+
+/* read outcome */
+#define SDQ_OK 0
+#define SDQ_ERRNO 1     /* pread failed: err holds errno */
+#define SDQ_SHORT 2     /* end of file after some bytes but before `need` */
+#define SDQ_PAST_EOF 3  /* offset at or past end of file: no byte read */
+#define SDQ_CANCELED 4  /* the pool was closed before the read ran */
+
+typedef struct sdq_read {
+    int fd;
+    int64_t offset, length, need;
+    char *dest;
+    int64_t submit_ns, start_ns, end_ns; /* CLOCK_MONOTONIC */
+    int64_t done;                        /* bytes read */
+    int err, kind;
+} sdq_read;
+
+struct sdq_batch;
+
+typedef struct sdq_task {
+    struct sdq_task *next;
+    struct sdq_batch *batch;
+    int32_t first, count, group;
+} sdq_task;
+
+typedef struct sdq_batch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t n_reads, n_tasks, n_groups;
+    int flags;
+    sdq_read *reads;
+    sdq_task *tasks;
+    int32_t *group_left; /* tasks not finished, per group */
+    int32_t tasks_left;
+} sdq_batch;
+
+typedef struct sdq_pool sdq_pool;
+
+/* Pool. Functions returning int return 0 or an errno value. */
+int sdq_pool_create(sdq_pool **out, int threads);
+int sdq_pool_set_threads(sdq_pool *pool, int threads); /* grows or shrinks; joins leavers */
+int sdq_pool_threads(sdq_pool *pool);
+/* Stops the workers (running reads finish), cancels queued tasks, frees the pool. */
+void sdq_pool_destroy(sdq_pool *pool);
+
+/* Batch: allocate, fill reads[i] (fd, offset, length, need, dest) and the task layout with
+ * sdq_batch_set_task, then submit. Returns NULL when out of memory. */
+sdq_batch *sdq_batch_new(int32_t n_reads, int32_t n_tasks, int32_t n_groups, int flags);
+void sdq_batch_set_task(sdq_batch *b, int32_t task, int32_t first, int32_t count, int32_t group);
+int sdq_pool_submit(sdq_pool *pool, sdq_batch *b); /* EPIPE if the pool is closed */
+void sdq_batch_wait_group(sdq_batch *b, int32_t group);
+void sdq_batch_wait_all(sdq_batch *b);
+int sdq_batch_group_done(sdq_batch *b, int32_t group);
+int sdq_batch_all_done(sdq_batch *b);
+void sdq_batch_free(sdq_batch *b); /* waits for every read first */
+
+int64_t sdq_now_ns(void);
+/* Runs one read in the calling thread (used by the pool's workers and by pread_into). */
+void sdq_run_read(sdq_read *r, int flags);
+
+#endif
