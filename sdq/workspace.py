@@ -35,9 +35,11 @@ def workspace_layout(spec, n_ctx: int, n_ubatch: int) -> dict[str, tuple[tuple[i
         "router": ((T, E), np.float32),
         "topk_ids": ((T, K), np.int32),
         "topk_w": ((T, K), np.float32),
-        "ffn_gate": ((T, F), np.float32),
+        "ffn_in": ((T, D), np.float32),  # the tokens routed to one expert, gathered
+        "ffn_gate": ((T, F), np.float32),  # gate projection, then silu(gate) * up
         "ffn_up": ((T, F), np.float32),
-        "ffn_out": ((T, D), np.float32),
+        "ffn_down": ((T, D), np.float32),  # one expert's down projection
+        "ffn_out": ((T, D), np.float32),  # weighted sum over the experts
         "logits": ((V,), np.float32),
     }
 

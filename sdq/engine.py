@@ -1,0 +1,462 @@
+"""The qwen3moe forward pass: dense weights resident, routed experts served by an expert source.
+
+Dimension key:
+    T  tokens in the ubatch          D  n_embd (hidden)           V  vocabulary
+    H  query heads                   Hkv KV heads                 Dh head dim   G = H / Hkv
+    E  routed experts per layer      K  experts used per token    F  expert FFN size
+    U  distinct experts a ubatch routes to (union over its T tokens, U <= min(E, T*K))
+    C  context length (KV cache positions)
+
+One ubatch (`Engine.forward`) runs every layer over T tokens at positions pos0..pos0+T-1:
+
+    x = embed(tokens)                                       # [T, D]
+    per layer:
+        a = rms_norm(x) ; q, k, v = a Wq, a Wk, a Wv        # [T, H*Dh], [T, Hkv*Dh] x2
+        q, k = rms_norm per head (q_norm, k_norm), rope_neox
+        k, v -> KV cache[pos0 : pos0+T] ; x += attention(q, cache) Wo
+        f = rms_norm(x) ; p = softmax(f Wr)                 # [T, E]
+        top-K of p, renormalised ; union of chosen experts -> expert source
+        x += sum_k p_k * down_k(silu(gate_k f) * up_k f)    # experts that are ready first
+    logits = output(rms_norm(x[-1]))                        # [V]
+
+The expert source is anything with the pager's `acquire / wait / views / release` API: the
+real `sdq.pager.ExpertCache` (experts paged from the file into the arena) or `ResidentExperts`
+(all experts copied to RAM; for the resident benchmark and tests). All buffers come from the
+`Workspace` that the memory plan counted (sdq.workspace).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sdq.errors import SdqError, UnsupportedError
+from sdq.kernels import dequantize, matmul, matvec
+from sdq.workspace import Workspace
+
+SUPPORTED_ARCHS = ("qwen3moe",)
+PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "other")
+
+
+@dataclass
+class Matrix:
+    """A weight matrix as stored in the GGUF: raw bytes (or floats), its type, [rows, cols]."""
+
+    name: str
+    raw: np.ndarray
+    qtype: int
+    rows: int
+    cols: int
+
+    def matvec(self, x: np.ndarray, out: np.ndarray) -> None:  # x [cols] -> out [rows]
+        matvec(self.raw, self.qtype, self.rows, self.cols, x, out)
+
+    def matmul(self, X: np.ndarray, out: np.ndarray) -> None:  # X [T, cols] -> out [T, rows]
+        if X.shape[0] == 1:
+            matvec(self.raw, self.qtype, self.rows, self.cols, X[0], out[0])
+        else:
+            matmul(self.raw, self.qtype, self.rows, self.cols, X, out)
+
+    def row(self, i: int) -> np.ndarray:  # [cols] f32
+        return dequantize(self.raw[i : i + 1], self.qtype, 1, self.cols)[0]
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray  # [D]
+    wq: Matrix  # [H*Dh, D]
+    wk: Matrix  # [Hkv*Dh, D]
+    wv: Matrix  # [Hkv*Dh, D]
+    wo: Matrix  # [D, H*Dh]
+    q_norm: np.ndarray  # [Dh]
+    k_norm: np.ndarray  # [Dh]
+    ffn_norm: np.ndarray  # [D]
+    router: Matrix  # [E, D]
+
+
+@dataclass
+class DenseWeights:
+    """Every tensor but the routed experts, copied into anonymous memory (model.dense_bytes)."""
+
+    token_embd: Matrix  # [V, D]
+    output_norm: np.ndarray  # [D]
+    output: Matrix  # [V, D] (token_embd when tied)
+    layers: list[LayerWeights]
+
+    @classmethod
+    def load(cls, model) -> DenseWeights:
+        tensors = model.tensors
+
+        def matrix(name: str) -> Matrix:
+            info = tensors.get(name)
+            if info is None:
+                raise UnsupportedError(f"{model.path}: tensor {name} is missing")
+            cols, rows = int(info.shape[0]), int(np.prod(info.shape[1:]))
+            raw = np.array(model.tensor_data(name))  # copy: resident, not a file mapping
+            return Matrix(name, raw, int(info.qtype), rows, cols)
+
+        def vector(name: str) -> np.ndarray:
+            if name not in tensors:
+                raise UnsupportedError(f"{model.path}: tensor {name} is missing")
+            return np.ascontiguousarray(model.tensor_data(name), dtype=np.float32).reshape(-1)
+
+        embd = matrix("token_embd.weight")
+        output = matrix("output.weight") if "output.weight" in tensors else embd
+        layers = []
+        for il in range(model.spec.n_layer):
+            p = f"blk.{il}."
+            layers.append(
+                LayerWeights(
+                    attn_norm=vector(p + "attn_norm.weight"),
+                    wq=matrix(p + "attn_q.weight"),
+                    wk=matrix(p + "attn_k.weight"),
+                    wv=matrix(p + "attn_v.weight"),
+                    wo=matrix(p + "attn_output.weight"),
+                    q_norm=vector(p + "attn_q_norm.weight"),
+                    k_norm=vector(p + "attn_k_norm.weight"),
+                    ffn_norm=vector(p + "ffn_norm.weight"),
+                    router=matrix(p + "ffn_gate_inp.weight"),
+                )
+            )
+        return cls(embd, vector("output_norm.weight"), output, layers)
+
+
+# --- expert sources -------------------------------------------------------------------------
+
+
+class ResidentExperts:
+    """Every routed expert copied into RAM; same API as sdq.pager.ExpertCache, always a hit.
+
+    Used by the resident benchmark (sdq against llama.cpp with everything in memory) and by
+    tests that check the forward pass independently of the pager.
+    """
+
+    def __init__(self, model):
+        table = model.require_experts() if hasattr(model, "require_experts") else model.experts
+        self.table = table
+        mm = np.memmap(model.path, dtype=np.uint8, mode="r")
+        self._parts: dict[int, list[list[np.ndarray]]] = {}
+        for li, layer in enumerate(table.layers):
+            per_expert = []
+            for e in range(table.n_expert):
+                per_expert.append(
+                    [
+                        np.array(mm[int(o) : int(o) + int(n)])
+                        for o, n in zip(table.offsets[li, e], table.nbytes[li, e], strict=True)
+                    ]
+                )
+            self._parts[int(layer)] = per_expert
+        del mm
+        self.lookups = 0
+
+    @property
+    def stats(self) -> dict:
+        return {"lookups": self.lookups, "hits": self.lookups, "misses": 0, "bytes_read": 0}
+
+    def acquire(self, layer: int, expert_ids) -> _ResidentHandle:
+        ids = [int(e) for e in expert_ids]
+        self.lookups += len(ids)
+        return _ResidentHandle(self._parts[layer], ids)
+
+    def release(self, handle) -> None:
+        pass
+
+    def prefetch(self, layer: int, expert_ids) -> None:
+        pass
+
+    def close(self) -> None:
+        self._parts.clear()
+
+
+class _ResidentHandle:
+    def __init__(self, parts, ids):
+        self.parts, self.ids = parts, ids
+        self.hit = [True] * len(ids)
+
+    def wait(self, i: int) -> None:
+        pass
+
+    def views(self, i: int):
+        return self.parts[self.ids[i]]
+
+
+# --- the forward pass -----------------------------------------------------------------------
+
+
+@dataclass
+class Timers:
+    """Seconds spent per op category (always collected; perf_counter costs ~0.1 us)."""
+
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(PROFILE_CATEGORIES, 0.0)
+    )
+
+    def add(self, category: str, dt: float) -> None:
+        self.seconds[category] += dt
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+
+class Engine:
+    """Runs ubatches through the model; owns the KV cache position."""
+
+    def __init__(self, model, experts, workspace: Workspace, n_ctx: int, n_ubatch: int):
+        spec = model.spec
+        if spec.arch not in SUPPORTED_ARCHS:
+            raise UnsupportedError(f"{model.path}: architecture {spec.arch!r} is not supported")
+        if spec.n_shared_expert:
+            raise UnsupportedError(
+                f"{model.path}: {spec.n_shared_expert} shared experts (qwen3moe has none)"
+            )
+        if spec.n_head % spec.n_head_kv:
+            raise UnsupportedError(
+                f"{model.path}: n_head {spec.n_head} not a multiple of n_head_kv {spec.n_head_kv}"
+            )
+        self.model, self.spec, self.experts, self.ws = model, spec, experts, workspace
+        self.n_ctx, self.n_ubatch = n_ctx, n_ubatch
+        self.weights = DenseWeights.load(model)
+        self.moe_layers = frozenset(int(i) for i in spec.moe_layers)
+        if len(self.moe_layers) != spec.n_layer:
+            raise UnsupportedError(
+                f"{model.path}: {spec.n_layer - len(self.moe_layers)} dense-FFN layers"
+                " (qwen3moe layers are all MoE)"
+            )
+        self.expert_shapes = _expert_shapes(spec)
+        table = model.experts
+        self.expert_qtypes = {  # layer -> GGML type of (gate, up, down)
+            int(layer): tuple(int(t) for t in table.qtypes[i])
+            for i, layer in enumerate(table.layers)
+        }
+        self._layer = -1
+        self.timers = Timers()
+        self.route_log = None  # callable(phase, pos0, layer, ids[T,K], weights[T,K], tokens[T])
+        self.phase = "prefill"
+        self.n_past = 0
+        Dh = spec.head_dim
+        # theta_i = base^(-2i/Dh), multiplied up step by step in float32 as ggml does
+        scale = np.float32(spec.rope_base) ** np.float32(-2.0 / Dh)
+        self._rope_scales = np.cumprod(
+            np.concatenate([[np.float32(1.0)], np.full(Dh // 2 - 1, scale, np.float32)])
+        ).astype(np.float32)  # [Dh/2]
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    # -- one ubatch --------------------------------------------------------------------------
+
+    def forward(self, tokens, logits: str = "last") -> np.ndarray | None:
+        """Run tokens [T] (T <= n_ubatch) at positions n_past.. ; return logits.
+
+        logits: "last" -> ws.logits [V] for the last token; "all" -> a new array [T, V]
+        (tests and teacher forcing only; not counted by the memory plan); "none" -> None.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        T = int(tokens.shape[0])
+        if not 0 < T <= self.n_ubatch:
+            raise ValueError(f"ubatch of {T} tokens; must be 1..{self.n_ubatch}")
+        if self.n_past + T > self.n_ctx:
+            raise SdqError(
+                f"context overflow: {self.n_past} tokens in the KV cache + {T} new"
+                f" > context length {self.n_ctx} (-c)"
+            )
+        if int(tokens.max()) >= self.spec.n_vocab or int(tokens.min()) < 0:
+            raise SdqError(f"token id out of range 0..{self.spec.n_vocab - 1}")
+        t0 = time.perf_counter()
+        self._tokens = tokens
+        ws, w = self.ws, self.weights
+        x = ws.x[:T]  # [T, D]
+        for t, tok in enumerate(tokens):
+            x[t] = w.token_embd.row(int(tok))
+        self.timers.add("other", time.perf_counter() - t0)
+
+        for il, lw in enumerate(w.layers):
+            self._attention_block(il, lw, T)
+            self._moe_block(il, lw, T)
+        self.n_past += T
+
+        t0 = time.perf_counter()
+        xn = ws.xn[:T]
+        if logits == "none":
+            out = None
+        elif logits == "last":
+            _rms_norm(x[T - 1 : T], w.output_norm, self.spec.rms_eps, xn[:1])
+            w.output.matvec(xn[0], ws.logits)
+            out = ws.logits
+        else:
+            _rms_norm(x, w.output_norm, self.spec.rms_eps, xn)
+            out = np.empty((T, self.spec.n_vocab), np.float32)
+            w.output.matmul(xn, out)
+        self.timers.add("other", time.perf_counter() - t0)
+        return out
+
+    def _attention_block(self, il: int, lw: LayerWeights, T: int) -> None:
+        t0 = time.perf_counter()
+        s, ws = self.spec, self.ws
+        H, Hkv, Dh, eps = s.n_head, s.n_head_kv, s.head_dim, s.rms_eps
+        p0 = self.n_past
+        x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
+        q, k, v = ws.q[:T], ws.k[:T], ws.v[:T]  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
+        _rms_norm(x, lw.attn_norm, eps, xn)
+        lw.wq.matmul(xn, q)
+        lw.wk.matmul(xn, k)
+        lw.wv.matmul(xn, v)
+        q3 = q.reshape(T, H, Dh)
+        k3 = k.reshape(T, Hkv, Dh)
+        _rms_norm(q3, lw.q_norm, eps, q3)
+        _rms_norm(k3, lw.k_norm, eps, k3)
+        positions = np.arange(p0, p0 + T, dtype=np.float32)
+        cos, sin = _rope_tables(positions, self._rope_scales)  # [T, Dh/2] each
+        _rope_neox(q3, cos, sin)
+        _rope_neox(k3, cos, sin)
+        ws.k_cache[il, p0 : p0 + T] = k
+        ws.v_cache[il, p0 : p0 + T] = v
+        attn = ws.attn[:T]  # [T, H*Dh]
+        _attention(q3, ws.k_cache[il], ws.v_cache[il], p0, Hkv, ws.scores, attn.reshape(T, H, Dh))
+        lw.wo.matmul(attn, xn)  # xn reused as the projection's output [T, D]
+        x += xn
+        self.timers.add("attention", time.perf_counter() - t0)
+
+    def _moe_block(self, il: int, lw: LayerWeights, T: int) -> None:
+        t0 = time.perf_counter()
+        s, ws = self.spec, self.ws
+        K = s.n_expert_used
+        x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
+        _rms_norm(x, lw.ffn_norm, s.rms_eps, xn)
+        router = ws.router[:T]  # [T, E]
+        lw.router.matmul(xn, router)
+        ids, weights = ws.topk_ids[:T], ws.topk_w[:T]  # [T, K]
+        _softmax_topk(router, K, s.norm_topk_prob, ids, weights)
+        if self.route_log is not None:
+            self.route_log(self.phase, self.n_past, il, ids, weights, self._tokens)
+        union = np.unique(ids)  # [U]
+        t1 = time.perf_counter()
+        self.timers.add("router", t1 - t0)
+
+        self._layer = il
+        handle = self.experts.acquire(il, union)
+        try:
+            out = ws.ffn_out[:T]  # [T, D]
+            out[:] = 0.0
+            order = _hits_first(handle, len(union))
+            wait_s = 0.0
+            for i in order:
+                tw = time.perf_counter()
+                handle.wait(i)
+                wait_s += time.perf_counter() - tw
+                self._expert(int(union[i]), handle.views(i), ids, weights, T)
+        finally:
+            self.experts.release(handle)
+        x += out
+        t2 = time.perf_counter()
+        self.timers.add("io_wait", wait_s)
+        self.timers.add("expert_compute", t2 - t1 - wait_s)
+
+    def _expert(self, e: int, views, ids: np.ndarray, weights: np.ndarray, T: int) -> None:
+        """ffn_out[t] += w[t] * down(silu(gate x_t) * up x_t) for the tokens t routed to e."""
+        ws = self.ws
+        (gr, gc), (ur, uc), (dr, dc) = self.expert_shapes
+        gq, uq, dq = self.expert_qtypes[self._layer]
+        gate_raw, up_raw, down_raw = views
+        if T == 1:
+            k = int(np.flatnonzero(ids[0] == e)[0])
+            xin = ws.xn[0]  # [D]
+            g, u, d = ws.ffn_gate[0], ws.ffn_up[0], ws.ffn_down[0]
+            matvec(gate_raw, gq, gr, gc, xin, g)
+            matvec(up_raw, uq, ur, uc, xin, u)
+            _silu_mul(g, u)
+            matvec(down_raw, dq, dr, dc, g, d)
+            ws.ffn_out[0] += weights[0, k] * d
+            return
+        rows, slots = np.nonzero(ids == e)  # tokens routed to e, and where in their top-K
+        n = rows.shape[0]
+        xin = ws.ffn_in[:n]  # [n, D]
+        np.take(ws.xn[:T], rows, axis=0, out=xin)
+        g, u, d = ws.ffn_gate[:n], ws.ffn_up[:n], ws.ffn_down[:n]  # [n, F] [n, F] [n, D]
+        Matrix("gate", gate_raw, gq, gr, gc).matmul(xin, g)
+        Matrix("up", up_raw, uq, ur, uc).matmul(xin, u)
+        _silu_mul(g, u)
+        Matrix("down", down_raw, dq, dr, dc).matmul(g, d)
+        d *= weights[rows, slots][:, None]
+        ws.ffn_out[rows] += d  # rows are distinct: a token picks an expert at most once
+
+
+def _expert_shapes(spec):
+    D, F = spec.n_embd, spec.expert_ffn
+    return (F, D), (F, D), (D, F)  # gate, up: [F, D]; down: [D, F]
+
+
+def _hits_first(handle, n: int) -> list[int]:
+    """Order in which to compute a layer's experts: those already in RAM first, so that the
+    compute overlaps the reads of the misses."""
+    hit = getattr(handle, "hit", None)
+    if hit is None:
+        return list(range(n))
+    return [i for i in range(n) if hit[i]] + [i for i in range(n) if not hit[i]]
+
+
+# --- NumPy ops (the Numba versions in sdq.kernels.ops replace these where present) --------
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out = x / sqrt(mean(x^2) + eps) * weight over the last axis (may be in place)."""
+    ms = np.einsum("...i,...i->...", x, x, dtype=np.float64) / x.shape[-1]
+    scale = (1.0 / np.sqrt(ms + eps)).astype(np.float32)
+    np.multiply(x, scale[..., None], out=out)
+    out *= weight
+
+
+def _rope_tables(positions: np.ndarray, scales: np.ndarray):
+    theta = positions[:, None] * scales[None, :]  # [T, Dh/2] f32
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+def _rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """Rotate pairs (i, i + Dh/2) of every head in place. x [T, H, Dh]; cos, sin [T, Dh/2]."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    x0 = x[..., :half].copy()
+    x1 = x[..., half:]
+    x[..., :half] = x0 * c - x1 * s
+    x[..., half:] = x0 * s + x1 * c
+
+
+def _attention(q, k_cache, v_cache, p0: int, Hkv: int, scores, out) -> None:
+    """Causal GQA attention. q [T, H, Dh]; caches [C, Hkv*Dh] filled up to p0+T; out [T, H, Dh]."""
+    T, H, Dh = q.shape
+    G = H // Hkv
+    n = p0 + T
+    scale = np.float32(1.0 / np.sqrt(Dh))
+    s = scores.reshape(-1)[: T * n].reshape(T, n)  # [T, n] one head at a time
+    causal = np.arange(n)[None, :] > (p0 + np.arange(T))[:, None]  # [T, n]
+    for h in range(H):
+        kv = h // G
+        keys = k_cache[:n, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
+        vals = v_cache[:n, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
+        np.dot(q[:, h, :], keys.T, out=s)
+        s *= scale
+        s[causal] = -np.inf
+        s -= s.max(axis=1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=1, keepdims=True)
+        out[:, h, :] = s @ vals
+
+
+def _softmax_topk(logits, K: int, renorm: bool, ids_out, w_out) -> None:
+    """Per row: softmax over E, the K largest (descending), optionally renormalised to sum 1."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    top = np.argsort(-p, axis=1, kind="stable")[:, :K]  # [T, K]
+    ids_out[:] = top
+    w = np.take_along_axis(p, top, axis=1)
+    if renorm:
+        w /= w.sum(axis=1, keepdims=True)
+    w_out[:] = w
+
+
+def _silu_mul(gate: np.ndarray, up: np.ndarray) -> None:
+    """gate = silu(gate) * up, in place."""
+    gate *= up / (1.0 + np.exp(-gate))

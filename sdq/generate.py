@@ -1,0 +1,209 @@
+"""Prefill in ubatches, then decode token by token; per-token timing and the run's figures.
+
+Figures (names as in DESIGN.md):
+    prefill_tok_s   prompt tokens / prefill wall time
+    ttft_ms         start of prefill -> first generated token sampled
+    decode_tok_s    decode forward passes / their wall time (prefill excluded)
+    total_ms_per_token, expert_io_ms_per_token, expert_compute_ms_per_token
+                    decode wall time, time the compute waited for expert reads, and time in
+                    expert matmuls, each per decode forward pass
+    hit_rate        expert lookups served from RAM / all lookups, during decode
+    ssd_mb_per_token  bytes read from the model file during decode / decode forward passes
+    peak_rss_mb, swap_mb  from the OS (ru_maxrss; VmSwap of this process)
+
+The first generated token comes from the prefill's logits; each later one needs a forward pass
+of the token before it, so n generated tokens cost n - 1 decode passes (none when the first
+token is a stop token or n = 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sdq.errors import SdqError
+from sdq.sampler import Sampler, SamplerSettings
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    n_predict: int = 64
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    stop_at_eos: bool = True
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    text: str
+    figures: dict
+    profile: dict  # phase -> category -> ms per token
+    token_ms: list[float]  # wall time of each decode step (forward + sampling)
+
+
+def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=None):
+    """Run the prompt then sample up to n_predict tokens. on_text(str) receives the text as it
+    is generated (whole UTF-8 characters only)."""
+    prompt_ids = [int(t) for t in prompt_ids]
+    n_prompt, n_ctx, n_ub = len(prompt_ids), engine.n_ctx, engine.n_ubatch
+    if n_prompt == 0:
+        raise SdqError("the prompt is empty (0 tokens)")
+    # the last generated token is never fed back, so the cache holds n_prompt + n - 1 tokens
+    need = n_prompt + max(settings.n_predict, 1) - 1
+    if need > n_ctx:
+        raise SdqError(
+            f"context overflow: prompt {n_prompt} tokens + -n {settings.n_predict}"
+            f" needs {need} KV positions > context length {n_ctx} (-c)"
+        )
+    sampler = Sampler(settings.sampler)
+    stops = tokenizer.stop_ids if settings.stop_at_eos else frozenset()
+    stream = tokenizer.stream()
+    engine.reset()
+
+    # -- prefill --------------------------------------------------------------------------
+    engine.phase = "prefill"
+    timers0, io0 = engine.timers.snapshot(), _cache_stats(engine.experts)
+    t_start = time.perf_counter()
+    logits = None
+    for i in range(0, n_prompt, n_ub):
+        chunk = prompt_ids[i : i + n_ub]
+        last = i + n_ub >= n_prompt
+        logits = engine.forward(chunk, logits="last" if last else "none")
+    t_prefill = time.perf_counter() - t_start
+    generated = []
+    texts = []
+    tok = sampler(logits)
+    ttft = time.perf_counter() - t_start
+    timers1, io1 = engine.timers.snapshot(), _cache_stats(engine.experts)
+
+    # -- decode ---------------------------------------------------------------------------
+    engine.phase = "decode"
+    token_ms = []
+    t_decode0 = time.perf_counter()
+    while True:
+        generated.append(tok)
+        if tok in stops:
+            break
+        piece = stream.push(tok)
+        if piece:
+            texts.append(piece)
+            if on_text:
+                on_text(piece)
+        if len(generated) >= settings.n_predict:
+            break
+        ts = time.perf_counter()
+        logits = engine.forward([tok], logits="last")
+        tok = sampler(logits)
+        token_ms.append((time.perf_counter() - ts) * 1e3)
+    t_decode = time.perf_counter() - t_decode0
+    tail = stream.flush()
+    if tail:
+        texts.append(tail)
+        if on_text:
+            on_text(tail)
+    timers2, io2 = engine.timers.snapshot(), _cache_stats(engine.experts)
+
+    n_decode = len(token_ms)
+    per_tok = 1.0 / n_decode if n_decode else float("nan")
+    decode_timers = _delta(timers2, timers1)
+    decode_io = _delta(io2, io1)
+    decode_wall = sum(token_ms) / 1e3
+    lookups = decode_io.get("lookups", 0)
+    figures = {
+        "n_prompt": n_prompt,
+        "n_generated": len(generated),
+        "n_decode": n_decode,
+        "prefill_tok_s": n_prompt / t_prefill,
+        "ttft_ms": ttft * 1e3,
+        "decode_tok_s": n_decode / decode_wall if n_decode else float("nan"),
+        "total_ms_per_token": decode_wall * 1e3 * per_tok,
+        "expert_io_ms_per_token": decode_timers["io_wait"] * 1e3 * per_tok,
+        "expert_compute_ms_per_token": decode_timers["expert_compute"] * 1e3 * per_tok,
+        "hit_rate": decode_io.get("hits", 0) / lookups if lookups else float("nan"),
+        "ssd_mb_per_token": decode_io.get("bytes_read", 0) / 1e6 * per_tok,
+        "prefill_hit_rate": _ratio(_delta(io1, io0), "hits", "lookups"),
+        "prefill_ssd_mb": _delta(io1, io0).get("bytes_read", 0) / 1e6,
+        "decode_s": t_decode,
+        **memory_figures(),
+    }
+    profile = {
+        "prefill": _per_token(_delta(timers1, timers0), t_prefill, n_prompt),
+        "decode": _per_token(decode_timers, decode_wall, n_decode),
+    }
+    return Generation(prompt_ids, generated, "".join(texts), figures, profile, token_ms)
+
+
+def memory_figures() -> dict:
+    """peak_rss_mb (ru_maxrss, KiB on Linux) and swap_mb (VmSwap of this process)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    swap = 0.0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSwap:"):
+                    swap = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return {"peak_rss_mb": peak, "swap_mb": swap}
+
+
+def _cache_stats(experts) -> dict:
+    return dict(getattr(experts, "stats", {}) or {})
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {
+        k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, (int, float, np.number))
+    }
+
+
+def _ratio(d: dict, num: str, den: str) -> float:
+    return d.get(num, 0) / d[den] if d.get(den) else float("nan")
+
+
+def _per_token(timers: dict, wall_s: float, n: int) -> dict:
+    """ms per token per category; `other` also absorbs what no timer covered (sampling,
+    Python between ops), so the categories add up to the wall time."""
+    if n == 0:
+        return {}
+    ms = {k: v * 1e3 / n for k, v in timers.items()}
+    covered = sum(v for k, v in ms.items() if k != "other")
+    ms["other"] = wall_s * 1e3 / n - covered
+    ms["total"] = wall_s * 1e3 / n
+    return ms
+
+
+class RouteLog:
+    """Writes the experts each token chose, per layer, as JSON lines (sdq.analysis reads them).
+
+    Header line {"model", "n_expert", "top_k"}; then one line per token and layer
+    {"phase", "pos", "layer", "experts", "weights", "token"}. Written to PATH.tmp and renamed
+    to PATH on close, so a crashed run leaves no half file under the final name.
+    """
+
+    def __init__(self, path: str | Path, model_name: str, n_expert: int, top_k: int):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.f = open(self.tmp, "w", encoding="utf-8")
+        header = {"model": model_name, "n_expert": n_expert, "top_k": top_k}
+        self.f.write(json.dumps(header) + "\n")
+
+    def __call__(self, phase: str, pos0: int, layer: int, ids, weights, tokens) -> None:
+        """ids, weights [T, K] of the ubatch's T tokens at positions pos0.. ; tokens [T]."""
+        for t in range(ids.shape[0]):
+            rec = {"phase": phase, "pos": pos0 + t, "layer": layer}
+            rec["experts"] = [int(e) for e in ids[t]]
+            rec["weights"] = [round(float(w), 6) for w in weights[t]]
+            rec["token"] = int(tokens[t])
+            self.f.write(json.dumps(rec) + "\n")
+
+    def close(self) -> None:
+        self.f.close()
+        os.replace(self.tmp, self.path)
