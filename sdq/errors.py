@@ -25,3 +25,7 @@ class ReadError(SdqError):
 
 class ParamsError(SdqError):
     """A parameter file or command-line setting is invalid."""
+
+
+class LabError(SdqError):
+    """A lab run or docs build failed: names the notebook, cell, table or marker at fault."""

@@ -1,0 +1,106 @@
+"""What a notebook leaves behind: tables, charts and quoted values under outputs/.
+
+    out = Outputs("00_model_anatomy", params_name)   # -> outputs/00_model_anatomy/<params_name>/
+    out.table("T2", df, title="...", note="...")       # tables/T2.json + tables/T2.md
+    out.chart("bytes_by_class", chart)                 # charts/bytes_by_class.svg, .png, .vl.json
+    out.value("expert_bytes", 1900544)                 # values.json
+
+Every file is written to a temporary name and renamed. A relative `root` is taken from the
+repository root, so a notebook writes to the same place from Jupyter (cwd notebooks/) and from
+the runner; while the runner executes a notebook, the default root is its staging folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sdq.errors import LabError
+from sdq.lab import atomic
+from sdq.lab.formatting import markdown_table, to_json_value
+from sdq.lab.paths import default_outputs_root, repo_root
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DEFAULT_ROOT = "outputs"
+PNG_SCALE = 2  # PNG pixels per SVG unit
+
+
+class Outputs:
+    def __init__(self, notebook: str, params_name: str, root: str | Path = DEFAULT_ROOT):
+        for what, name in (("notebook", notebook), ("params_name", params_name)):
+            _check_name(what, name)
+        if str(root) == DEFAULT_ROOT:
+            base = default_outputs_root()
+        else:
+            base = Path(root) if Path(root).is_absolute() else repo_root() / root
+        self.notebook = notebook
+        self.params_name = params_name
+        self.dir = base / notebook / params_name
+
+    def __repr__(self) -> str:
+        return f"Outputs({self.notebook!r}, {self.params_name!r}) -> {self.dir}"
+
+    def table(
+        self,
+        id: str,
+        df,
+        title: str,
+        note: str = "",
+        formats: Mapping[str, str] | None = None,
+    ) -> Path:
+        """Write a pandas DataFrame as tables/<id>.json and tables/<id>.md.
+
+        A named index becomes leading columns; an unnamed RangeIndex is dropped. `formats`
+        maps a column to a format spec (e.g. {"offset": "d"}) where the default rule is wrong.
+        """
+        _check_name("table id", id)
+        if any(n is not None for n in df.index.names):
+            df = df.reset_index()
+        columns = [str(c) for c in df.columns]
+        if len(set(columns)) != len(columns):
+            raise LabError(f"table {id}: duplicate column names {columns}")
+        records = [
+            {c: to_json_value(v) for c, v in zip(columns, row, strict=True)}
+            for row in df.itertuples(index=False, name=None)
+        ]
+        payload = {"id": id, "title": title, "note": note, "columns": columns, "records": records}
+        if formats:
+            payload["formats"] = dict(formats)
+        tables = self.dir / "tables"
+        atomic.write_json(tables / f"{id}.json", payload)
+        md = f"**{id}. {title}**\n\n" + markdown_table(columns, records, formats)
+        if note:
+            md += f"\n*{note}*\n"
+        return atomic.write_text(tables / f"{id}.md", md)
+
+    def chart(self, name: str, chart) -> Path:
+        """Render an altair chart to charts/<name>.svg and .png (and keep its Vega-Lite spec)."""
+        import vl_convert as vlc
+
+        _check_name("chart name", name)
+        spec = chart.to_dict() if hasattr(chart, "to_dict") else dict(chart)
+        spec_json = json.dumps(spec, sort_keys=True)
+        charts = self.dir / "charts"
+        atomic.write_text(charts / f"{name}.vl.json", json.dumps(spec, indent=1, sort_keys=True))
+        atomic.write_bytes(charts / f"{name}.png", vlc.vegalite_to_png(spec_json, scale=PNG_SCALE))
+        return atomic.write_text(charts / f"{name}.svg", vlc.vegalite_to_svg(spec_json))
+
+    def value(self, name: str, v: Any) -> Any:
+        """Record a single number (or short string) quoted in prose as {{value:name}}."""
+        _check_name("value name", name)
+        jv = to_json_value(v)
+        if not isinstance(jv, int | float | str | bool) and jv is not None:
+            raise LabError(f"value {name}: must be a number or string, got {type(v).__name__}")
+        path = self.dir / "values.json"
+        values = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        values[name] = jv
+        atomic.write_json(path, values)
+        return v
+
+
+def _check_name(what: str, name: str) -> None:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise LabError(f"{what} {name!r}: use letters, digits, '_', '-', '.' only")

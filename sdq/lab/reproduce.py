@@ -1,0 +1,202 @@
+"""Run every lab notebook with a parameter set: `python -m sdq.lab.reproduce --params smoke`.
+
+1. Build (or reuse from the cache) the synthetic model named by the set's `model:` section.
+2. For each notebooks/NN_*.ipynb, in order: execute it with papermill, parameters =
+   {params_name, model_path} + its section, into a staging folder; write provenance.json there;
+   then rename the folder to outputs/<stem>/<params>/. A partial run never looks finished.
+3. A failing notebook is reported (which cell, one-line error), its staging folder is kept as
+   outputs/<stem>/<params>.failed/ for inspection, the previous outputs stay untouched, and the
+   other notebooks still run. The exit status is 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdq.errors import LabError, SdqError
+from sdq.lab import provenance, runner
+from sdq.lab.notebooks import notebook_paths
+from sdq.lab.params import ModelParams, Params, load_params
+from sdq.lab.paths import repo_root
+
+MAX_EXECUTED_BYTES = 2 * 2**20  # executed notebooks above this are not kept
+
+
+@dataclass(frozen=True)
+class NotebookResult:
+    stem: str
+    ok: bool
+    seconds: float
+    output_dir: Path  # outputs/<stem>/<params>/ on success, .../<params>.failed/ on failure
+    error: str = ""
+
+
+def build_model(model: ModelParams) -> Path:
+    """The run's synthetic model (built once; sdq.synth caches it by content hash)."""
+    try:
+        from sdq.synth import build_model as synth_build
+    except ImportError as exc:
+        raise LabError(f"cannot build the model: sdq.synth is not available ({exc})") from None
+    return Path(synth_build(model.preset, qtype=model.qtype, seed=model.seed))
+
+
+def select(params: Params, root: Path, only: list[str] | None) -> list[Path]:
+    """The notebooks to run, each checked to have a section in the parameter set."""
+    paths = notebook_paths(root / "notebooks")
+    if only:
+        by_stem = {p.stem: p for p in paths}
+        unknown = [s for s in only if s not in by_stem]
+        if unknown:
+            known = ", ".join(by_stem) or "none"
+            raise LabError(f"--only {unknown[0]}: no such notebook (notebooks/: {known})")
+        paths = [by_stem[s] for s in only]
+    for p in paths:
+        params.section(p.stem)  # raises ParamsError naming the missing section
+    return paths
+
+
+def run(
+    params: Params,
+    only: list[str] | None = None,
+    root: Path | None = None,
+    outputs_root: Path | None = None,
+    model_path: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> list[NotebookResult]:
+    """Run the selected notebooks; return one result per notebook (failures included)."""
+    root = root or repo_root()
+    outputs_root = Path(outputs_root or root / "outputs")
+    notebooks = select(params, root, only)
+    if model_path is None:
+        m = params.model
+        log(f"model: building/reusing {m.preset} {m.qtype} seed {m.seed} ...")
+        t0 = time.perf_counter()
+        model_path = build_model(m)
+        log(
+            f"model: {model_path} ({model_path.stat().st_size / 2**20:,.1f} MiB, "
+            f"{time.perf_counter() - t0:.1f} s)"
+        )
+    results = []
+    for i, nb in enumerate(notebooks, 1):
+        log(f"[{i}/{len(notebooks)}] {nb.stem} ({params.name}) ...")
+        result = run_one(nb, params, outputs_root, Path(model_path), root)
+        status = "ok" if result.ok else "FAILED"
+        log(
+            f"[{i}/{len(notebooks)}] {nb.stem}: {status} in {result.seconds:.1f} s "
+            f"-> {_shown(result.output_dir, root)}"
+        )
+        if not result.ok:
+            log(f"    {result.error}")
+        results.append(result)
+    return results
+
+
+def run_one(
+    nb: Path, params: Params, outputs_root: Path, model_path: Path, root: Path
+) -> NotebookResult:
+    stem = nb.stem
+    staging_root = outputs_root / f".staging-{stem}-{params.name}-{os.getpid()}"
+    staged = staging_root / stem / params.name
+    final = outputs_root / stem / params.name
+    failed = outputs_root / stem / f"{params.name}.failed"
+    shutil.rmtree(staging_root, ignore_errors=True)
+    section = params.section(stem)
+    parameters = {"params_name": params.name, "model_path": str(model_path), **section}
+    started = time.perf_counter()
+    try:
+        try:
+            execution = runner.execute(nb, staged / f"{stem}.ipynb", parameters, staging_root)
+        except LabError as exc:
+            seconds = time.perf_counter() - started
+            _replace_dir(staged, failed)
+            return NotebookResult(stem, False, seconds, failed, str(exc))
+        executed = _keep_or_drop_executed(execution.executed_path)
+        record = provenance.collect(
+            params={"name": params.name, "model": params.to_dict()["model"], stem: section},
+            notebook=stem,
+            outputs_dir=outputs_root,
+            model_path=model_path,
+            extra={
+                "duration_s": round(execution.seconds, 2),
+                "code_cells": execution.cells,
+                "executed_notebook": executed,
+            },
+        )
+        provenance.write(staged / "provenance.json", record)
+        _replace_dir(staged, final)
+        shutil.rmtree(failed, ignore_errors=True)
+        return NotebookResult(stem, True, time.perf_counter() - started, final)
+    finally:
+        shutil.rmtree(staging_root, ignore_errors=True)
+
+
+def _keep_or_drop_executed(path: Path) -> dict:
+    size = path.stat().st_size
+    if size < MAX_EXECUTED_BYTES:
+        return {"file": path.name, "bytes": size, "kept": True}
+    path.unlink()
+    return {
+        "file": path.name,
+        "bytes": size,
+        "kept": False,
+        "note": f"executed notebook was {size / 2**20:.1f} MiB, over the 2 MiB limit: "
+        "not kept; run `make reproduce` to see it",
+    }
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished folder `src` to `dst`, replacing what was there."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve())) + "/"
+    except ValueError:
+        return str(path) + "/"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sdq.lab.reproduce", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--params", default="default", help="parameter set: params/NAME.yaml")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="STEM",
+        help="run only this notebook (repeatable), e.g. 00_model_anatomy",
+    )
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        params = load_params(args.params)
+        results = run(params, only=args.only)
+    except SdqError as exc:
+        print(f"reproduce: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    failed = [r for r in results if not r.ok]
+    total = time.perf_counter() - t0
+    print(
+        f"reproduce: {len(results) - len(failed)}/{len(results)} notebooks ok "
+        f"in {total:.1f} s (params {params.name})"
+    )
+    for r in failed:
+        print(f"reproduce: error: {r.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
