@@ -20,14 +20,15 @@ from __future__ import annotations
 from numba import njit
 
 # Flags that allow a float reduction to be vectorized (sum order changes; NaN/Inf kept).
-FLOAT_MATH = frozenset({"reassoc", "contract"})
+FLOAT_MATH = {"reassoc", "contract"}
 
 
 def kernel(fn=None, *, parallel: bool = False, fastmath=False):
     """Compile ``fn`` with the project's flags: cached, GIL released."""
 
     def wrap(f):
-        return njit(cache=True, nogil=True, parallel=parallel, fastmath=fastmath)(f)
+        flags = set(fastmath) if isinstance(fastmath, set) else fastmath
+        return njit(cache=True, nogil=True, parallel=parallel, fastmath=flags)(f)
 
     return wrap(fn) if fn is not None else wrap
 
