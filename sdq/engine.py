@@ -203,7 +203,15 @@ class Timers:
 class Engine:
     """Runs ubatches through the model; owns the KV cache position."""
 
-    def __init__(self, model, experts, workspace: Workspace, n_ctx: int, n_ubatch: int):
+    def __init__(
+        self,
+        model,
+        experts,
+        workspace: Workspace,
+        n_ctx: int,
+        n_ubatch: int,
+        weights: DenseWeights | None = None,
+    ):
         spec = model.spec
         if spec.arch not in SUPPORTED_ARCHS:
             raise UnsupportedError(f"{model.path}: architecture {spec.arch!r} is not supported")
@@ -217,7 +225,7 @@ class Engine:
             )
         self.model, self.spec, self.experts, self.ws = model, spec, experts, workspace
         self.n_ctx, self.n_ubatch = n_ctx, n_ubatch
-        self.weights = DenseWeights.load(model)
+        self.weights = weights if weights is not None else DenseWeights.load(model)
         self.moe_layers = frozenset(int(i) for i in spec.moe_layers)
         if len(self.moe_layers) != spec.n_layer:
             raise UnsupportedError(
@@ -226,6 +234,8 @@ class Engine:
             )
         self.expert_shapes = _expert_shapes(spec)
         table = model.experts
+        if getattr(table, "fused_gate_up", False):
+            raise UnsupportedError(f"{model.path}: fused gate_up expert tensors")
         self.expert_qtypes = {  # layer -> GGML type of (gate, up, down)
             int(layer): tuple(int(t) for t in table.qtypes[i])
             for i, layer in enumerate(table.layers)

@@ -12,11 +12,10 @@ so that text can be printed as it is generated.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdq.errors import GGUFError, UnsupportedError
+from sdq.errors import UnsupportedError
 
 # Word-splitting regexes per `tokenizer.ggml.pre` value. Letters attach at most one leading
 # non-letter (e.g. a space), digits are split one by one, punctuation runs keep one leading
@@ -34,18 +33,6 @@ PRE_TOKENIZER_REGEX = {
 }
 
 TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 3, 4
-
-TOKENIZER_KEYS = (
-    "tokenizer.ggml.model",
-    "tokenizer.ggml.pre",
-    "tokenizer.ggml.tokens",
-    "tokenizer.ggml.token_type",
-    "tokenizer.ggml.merges",
-    "tokenizer.ggml.bos_token_id",
-    "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.eot_token_id",
-    "tokenizer.ggml.add_bos_token",
-)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -81,7 +68,9 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
-        return cls.from_metadata(read_tokenizer_metadata(path), source=str(path))
+        from sdq.gguf_header import read_header
+
+        return cls.from_metadata(read_header(path).metadata, source=str(path))
 
     @classmethod
     def from_metadata(cls, meta: dict, source: str = "model") -> Tokenizer:
@@ -95,6 +84,8 @@ class Tokenizer:
         if pre not in PRE_TOKENIZER_REGEX:
             known = ", ".join(sorted(PRE_TOKENIZER_REGEX))
             raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported ({known})")
+        if not meta.get("tokenizer.ggml.tokens"):
+            raise UnsupportedError(f"{source}: no vocabulary (tokenizer.ggml.tokens)")
         tokens = list(meta["tokenizer.ggml.tokens"])
         types = list(meta.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens))
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
@@ -213,76 +204,3 @@ def _complete_utf8_prefix(data: bytes) -> int:
         need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
         return n if back >= need else n - back
     return n
-
-
-# --- a minimal reader of the GGUF key/value header, for the tokenizer keys only -------------
-# (gguf.GGUFReader builds a numpy view per string, which takes seconds for 150k tokens.)
-
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
-_SCALAR.update({11: "<q", 12: "<d"})
-_STRING, _ARRAY = 8, 9
-
-
-def read_tokenizer_metadata(path: str | Path) -> dict:
-    """The `tokenizer.*` keys of a GGUF file's header (other keys are skipped, not decoded)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes() if path.stat().st_size < (1 << 24) else _read_header(path)
-    except OSError as exc:
-        raise GGUFError(f"{path}: cannot read: {exc.strerror}") from None
-    if data[:4] != b"GGUF":
-        raise GGUFError(f"{path}: not a GGUF file (magic {data[:4]!r})")
-    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
-    if version < 2:
-        raise GGUFError(f"{path}: GGUF version {version} is not supported (>= 2)")
-    pos, meta = 24, {}
-    try:
-        for _ in range(n_kv):
-            key, pos = _read_str(data, pos)
-            (vtype,) = struct.unpack_from("<I", data, pos)
-            pos += 4
-            want = key.startswith("tokenizer.") and key != "tokenizer.chat_template"
-            value, pos = _read_value(data, pos, vtype, want)
-            if want:
-                meta[key] = value
-    except (struct.error, IndexError, UnicodeDecodeError) as exc:
-        raise GGUFError(f"{path}: truncated or corrupt GGUF header at byte {pos}: {exc}") from None
-    return meta
-
-
-def _read_header(path: Path) -> bytes:
-    # The vocabulary of a 150k-token model is ~3 MB; 64 MB of header is plenty.
-    with open(path, "rb") as f:
-        return f.read(64 << 20)
-
-
-def _read_str(data: bytes, pos: int) -> tuple[str, int]:
-    (n,) = struct.unpack_from("<Q", data, pos)
-    pos += 8
-    if pos + n > len(data):
-        raise IndexError("string past end of header")
-    return data[pos : pos + n].decode("utf-8"), pos + n
-
-
-def _read_value(data: bytes, pos: int, vtype: int, want: bool):
-    if vtype in _SCALAR:
-        fmt = _SCALAR[vtype]
-        return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
-    if vtype == _STRING:
-        return _read_str(data, pos)
-    if vtype == _ARRAY:
-        etype, n = struct.unpack_from("<IQ", data, pos)
-        pos += 12
-        if etype in _SCALAR:
-            fmt = _SCALAR[etype]
-            size = struct.calcsize(fmt)
-            end = pos + n * size
-            values = list(struct.unpack_from(f"<{n}{fmt[1]}", data, pos)) if want else None
-            return values, end
-        out = [] if want else None
-        for _ in range(n):
-            value, pos = _read_value(data, pos, etype, want)
-            if want:
-                out.append(value)
-        return out, pos
-    raise GGUFError(f"unknown GGUF value type {vtype}")

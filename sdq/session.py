@@ -1,0 +1,165 @@
+"""Everything one generation run holds, set up in the order the memory plan demands.
+
+    model header -> tokenizer -> memory plan (dense + KV + compute buffers + reserve -> slots)
+    -> workspace (KV cache, ubatch buffers) -> dense weights -> expert arena -> engine
+
+The arena is created last, with the slots the plan left after counting every other buffer,
+so no buffer grows after the arena is sized (the seed's §5.1 crash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+
+from sdq.errors import ParamsError
+from sdq.sampler import SamplerSettings
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    model: str
+    n_ctx: int = 4096
+    n_ubatch: int = 128
+    threads: int = 2
+    n_predict: int = 64
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    stop_at_eos: bool = True
+    resident: bool = False  # every expert copied into RAM; no plan, no pager
+    ram_budget_mb: float | None = None  # None: memory available now
+    reserve_mb: float | None = None  # None: the plan's default
+    io_threads: int | None = None  # None: 3 x threads
+    io_mode: str = "parallel"
+    io_split: int = 1
+    cache_mode: str = "pagecache"
+    route_log: str | None = None
+
+    @classmethod
+    def from_args(cls, args) -> RunSettings:
+        return cls(
+            model=args.model,
+            n_ctx=args.ctx_size,
+            n_ubatch=args.ubatch,
+            threads=args.threads,
+            n_predict=args.n_predict,
+            sampler=SamplerSettings(
+                temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+            ),
+            stop_at_eos=not args.ignore_eos,
+            resident=args.resident,
+            ram_budget_mb=args.ram_budget_mb,
+            reserve_mb=args.reserve_mb,
+            io_threads=args.io_threads,
+            io_mode=args.io_mode,
+            io_split=args.io_split,
+            cache_mode=args.cache_mode,
+            route_log=args.route_log,
+        )
+
+
+class Session:
+    def __init__(self, settings: RunSettings):
+        import psutil
+
+        from sdq.engine import DenseWeights, Engine, ResidentExperts
+        from sdq.gguf import open_model
+        from sdq.tokenizer import Tokenizer
+        from sdq.workspace import Workspace
+
+        s = self.settings = settings
+        self.model = model = open_model(s.model)
+        model.require_experts()
+        model.require_compute()
+        _set_threads(s.threads)
+        self.tokenizer = Tokenizer.from_metadata(model.metadata, source=str(model.path))
+        self.plan = None
+        self.route_log = None
+        if s.resident:
+            ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch)
+            weights = DenseWeights.load(model)
+            experts = ResidentExperts(model)
+        else:
+            from sdq.memory import plan_memory
+            from sdq.pager import CacheSettings, ExpertCache, IOSettings
+
+            budget = s.ram_budget_mb
+            if budget is None:
+                budget = psutil.virtual_memory().available / MIB
+            kw = {} if s.reserve_mb is None else {"reserve_mb": s.reserve_mb}
+            self.plan = plan_memory(model, budget, s.n_ctx, s.n_ubatch, **kw)
+            ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch)
+            weights = DenseWeights.load(model)
+            io = IOSettings(
+                threads=s.io_threads or 3 * s.threads,
+                mode=s.io_mode,
+                split=s.io_split,
+                cache_mode=s.cache_mode,
+            )
+            experts = ExpertCache(model, self.plan, io=io, settings=CacheSettings())
+        self.experts = experts
+        self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
+        if s.route_log:
+            from sdq.generate import RouteLog
+
+            spec = model.spec
+            self.route_log = RouteLog(
+                s.route_log, model.path.name, spec.n_expert, spec.n_expert_used
+            )
+            self.engine.route_log = self.route_log
+
+    def generate(self, prompt_ids, on_text=None):
+        from sdq.generate import GenerateSettings, generate
+
+        gs = GenerateSettings(
+            n_predict=self.settings.n_predict,
+            sampler=self.settings.sampler,
+            stop_at_eos=self.settings.stop_at_eos,
+        )
+        return generate(self.engine, self.tokenizer, prompt_ids, gs, on_text=on_text)
+
+    def figures(self, g) -> dict:
+        fig = dict(g.figures)
+        plan = self.plan
+        fig["slots"] = getattr(plan, "slots", None) if plan is not None else None
+        fig["slot_bytes"] = getattr(plan, "slot_bytes", None) if plan is not None else None
+        fig["cache_mode"] = "resident" if self.settings.resident else self.settings.cache_mode
+        fig["expert_cache"] = dict(getattr(self.experts, "stats", {}) or {})
+        return fig
+
+    def settings_dict(self) -> dict:
+        d = asdict(self.settings)
+        d["sampler"] = asdict(self.settings.sampler)
+        if self.plan is not None and hasattr(self.plan, "__dataclass_fields__"):
+            d["plan"] = asdict(self.plan)
+        return d
+
+    def close(self) -> None:
+        if self.route_log is not None:
+            self.route_log.close()
+            self.route_log = None
+        with contextlib.suppress(AttributeError):
+            self.experts.close()
+
+
+@contextlib.contextmanager
+def open_session(args_or_settings):
+    settings = (
+        args_or_settings
+        if isinstance(args_or_settings, RunSettings)
+        else RunSettings.from_args(args_or_settings)
+    )
+    session = Session(settings)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def _set_threads(n: int) -> None:
+    import numba
+
+    if n < 1:
+        raise ParamsError(f"-t {n} must be >= 1")
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
