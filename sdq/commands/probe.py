@@ -1,0 +1,170 @@
+"""`sdq probe`: read latency and bandwidth of the storage device vs concurrency and chunking."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from sdq.errors import ParamsError
+
+_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """'1900544', '4k', '64M', '1G' (binary multiples) -> bytes."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    scale = _SUFFIX.get(t[-1:], 1)
+    if scale != 1:
+        t = t[:-1]
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a byte count like 1900544 or 4k, got {text!r}"
+        ) from None
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--file", type=Path, help="read this file (default: a scratch file)")
+    src.add_argument(
+        "--model", type=Path, help="read this GGUF model; --size defaults to its expert segment"
+    )
+    parser.add_argument(
+        "--size",
+        type=parse_bytes,
+        help="bytes per read (default: the model's largest expert segment, else 1900544 = 1.9 MB)",
+    )
+    parser.add_argument("--threads", default="1,2,4,6,8,12,16", help="concurrency levels")
+    parser.add_argument("--reads", type=int, default=64, help="reads per level (default 64)")
+    parser.add_argument(
+        "--cache-mode",
+        default="direct",
+        help="direct (O_DIRECT, default) or dontneed (posix_fadvise DONTNEED after each read)",
+    )
+    parser.add_argument("--split", default="1,2,4,8", help="chunks per segment to compare")
+    parser.add_argument(
+        "--split-threads",
+        type=int,
+        help="I/O threads for the chunking sweep (default: the recommended thread count)",
+    )
+    parser.add_argument(
+        "--split-batch",
+        type=int,
+        help="segments submitted together in the chunking sweep "
+        "(default: the model's experts-used x 3, else 24); batch 1 is always measured too",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="repeat each cell; medians")
+    parser.add_argument(
+        "--scratch-dir", type=Path, default=Path("."), help="where the scratch file goes (.)"
+    )
+    parser.add_argument(
+        "--scratch-size", type=parse_bytes, default=1 << 30, help="scratch file size (1G)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random offsets")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    parser.add_argument(
+        "--profile-out", type=Path, help="write the I/O profile for `sdq chat --io-profile`"
+    )
+
+
+def _check_out_dir(path: Path) -> None:
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise ParamsError(f"--profile-out {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ParamsError(f"--profile-out {path}: directory {parent} is not writable")
+
+
+def settings_from_args(args):
+    from sdq.probe import ProbeSettings, parse_int_list, settings_for_model
+
+    fields = dict(
+        threads=parse_int_list(args.threads, "--threads"),
+        reads=args.reads,
+        cache_mode=args.cache_mode,
+        splits=parse_int_list(args.split, "--split"),
+        split_threads=args.split_threads,
+        repeat=args.repeat,
+        scratch_dir=args.scratch_dir,
+        scratch_bytes=args.scratch_size,
+        seed=args.seed,
+    )
+    if args.size is not None:
+        fields.update(size=args.size, size_source="--size")
+    if args.split_batch is not None:
+        fields["split_batch"] = args.split_batch
+    if args.model is not None:
+        if not args.model.is_file():
+            raise ParamsError(f"--model {args.model}: no such file")
+        settings = settings_for_model(args.model, **fields)
+    else:
+        settings = ProbeSettings(path=args.file, **fields)
+    settings.validate()
+    return settings
+
+
+def format_report(result, rec) -> str:
+    s = result.settings
+    src = "scratch file (removed)" if result.scratch else s["path"]
+    lines = [
+        f"file: {src}; {result.storage_label}",
+        f"cache mode: {result.cache_mode}; reads issued by {result.reader}",
+        f"read size: {s['size']} B ({s['size_source']}); {s['reads']} reads per level, "
+        f"repeat {s['repeat']}; MB = 10^6 B",
+        "",
+        f"{'threads':>7} {'size B':>9} {'median ms':>10} {'mean ms':>9} {'p90 ms':>8} "
+        f"{'MB/s':>8} {'IOPS':>8}",
+    ]
+    for r in result.levels + result.small:
+        lines.append(
+            f"{r.threads:>7} {r.size:>9} {r.median_ms:>10.3f} {r.mean_ms:>9.3f} {r.p90_ms:>8.3f} "
+            f"{r.mb_s:>8.0f} {r.iops:>8.0f}"
+        )
+    lines += [
+        "",
+        f"chunking at {result.split_threads} I/O threads (segment latency: batch submit to "
+        "its last chunk)",
+        f"{'batch':>7} {'split':>5} {'median ms':>10} {'mean ms':>9} {'p90 ms':>8} {'MB/s':>8}",
+    ]
+    for r in result.split:
+        lines.append(
+            f"{r.batch:>7} {r.split:>5} {r.median_ms:>10.3f} {r.mean_ms:>9.3f} {r.p90_ms:>8.3f} "
+            f"{r.mb_s:>8.0f}"
+        )
+    lines += [
+        "",
+        f"recommendation: io_threads={rec.io_threads} io_split={rec.io_split} ({rec.why})",
+        f"took {result.seconds:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from sdq.probe import profile_from, recommend, run_probe, write_io_profile
+
+    settings = settings_from_args(args)
+    if args.profile_out is not None:
+        _check_out_dir(args.profile_out)
+
+    def progress(msg: str) -> None:
+        if not args.json and sys.stderr.isatty():
+            print(f"  {msg}", file=sys.stderr)
+
+    result = run_probe(settings, progress=progress)
+    rec = recommend(result)
+    if args.profile_out is not None:
+        write_io_profile(args.profile_out, profile_from(result))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_report(result, rec))
+        if args.profile_out is not None:
+            print(f"I/O profile written to {args.profile_out}")
+    return 0

@@ -1,0 +1,765 @@
+"""Device probe: read latency and bandwidth vs concurrency and chunking (table T1, seed 000 §1).
+
+Measure the device before tuning the pager. Three sweeps, all through sdq's own pread code
+(`sdq._io`), on random page-aligned offsets of one file:
+
+- levels:  `reads` random reads of `size` bytes (an expert segment) at each thread count:
+           median / mean / p90 latency of one read and aggregate MB/s over the level;
+- small:   the same for 4 KiB reads at 1 and 16 threads: latency and IOPS;
+- split:   batches of `batch` segments, each cut into S page-aligned chunks (S = 1, 2, 4, 8),
+           at the engine's I/O thread count: segment latency (batch submit to its last
+           chunk) and MB/s — seed 003's question, asked of the device alone.
+
+Every read is `direct` (O_DIRECT) or `dontneed` (posix_fadvise DONTNEED after each read and
+on the whole file before each level): warm page-cache reads are never reported as device
+speed. Without a file, a scratch file of stated size is written, flushed, dropped from the
+cache and removed afterwards — also on Ctrl-C, SIGTERM or an exception.
+
+The recommendation (`recommend`) is the smallest thread count within 5% of the best
+bandwidth and the split that beats split 1 by more than 5% at the engine's batch (else 1),
+saved as a JSON I/O profile that `load_io_profile` reads back (`sdq chat --io-profile`).
+
+Units: MB = 10**6 bytes, MB/s = bytes / 10**6 / second, latency in ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import mmap
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sdq.errors import ParamsError, ReadError
+
+PAGE = 4096
+MB = 1_000_000
+# seed 000's "1.9 MB": one expert, gate 589,824 + up 589,824 + down 720,896 bytes
+DEFAULT_SIZE = 1_900_544
+SMALL_SIZE = 4096
+DEFAULT_THREADS = (1, 2, 4, 6, 8, 12, 16)
+DEFAULT_SMALL_THREADS = (1, 16)
+DEFAULT_SPLITS = (1, 2, 4, 8)
+DEFAULT_SPLIT_BATCH = 24  # seed 000 decode: 8 experts x 3 segments submitted at once
+DEFAULT_SCRATCH_BYTES = 1 << 30
+CACHE_MODES = ("direct", "dontneed")
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
+WITHIN = 0.05  # "within 5% of the best" and "helps by more than 5%"
+PROFILE_VERSION = 1
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """q-th percentile (0..100) with linear interpolation between order statistics.
+
+    The same definition as numpy.percentile's default ("linear"): rank = q/100 * (n - 1).
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    rank = q / 100 * (len(ordered) - 1)
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def mean(values: Sequence[float]) -> float:
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("mean of no values")
+    return math.fsum(values) / len(values)
+
+
+@dataclass(frozen=True)
+class ReadStats:
+    """One cell of T1: `reads` reads of `size` bytes with `threads` in flight."""
+
+    threads: int
+    size: int  # bytes per read (per segment for split cells)
+    reads: int  # reads (segments) measured, all repeats together
+    median_ms: float
+    mean_ms: float
+    p90_ms: float
+    mb_s: float  # aggregate bandwidth: bytes / level wall time; median over repeats
+    iops: float  # reads / level wall time; median over repeats
+    mb_s_min: float  # spread of the per-repeat bandwidth
+    mb_s_max: float
+    split: int = 1
+    batch: int = 0  # segments submitted together (split cells); 0 = all reads at once
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Raw timing of one level run: per-read latency (ns) and the level's wall time (ns)."""
+
+    latency_ns: np.ndarray  # [N] int64
+    wall_ns: int
+    nbytes: int  # bytes read in the level
+
+
+def summarize(runs: Sequence[Timing], *, threads: int, size: int, split: int = 1, batch: int = 0):
+    """Pool latencies over repeats; bandwidth and IOPS are per repeat, then their median."""
+    if not runs:
+        raise ValueError("summarize needs at least one run")
+    lat_ms = np.concatenate([r.latency_ns for r in runs]).astype(np.float64) / 1e6  # [N]
+    mb_s = [r.nbytes / MB / (r.wall_ns / 1e9) for r in runs]
+    iops = [len(r.latency_ns) / (r.wall_ns / 1e9) for r in runs]
+    return ReadStats(
+        threads=threads,
+        size=size,
+        reads=int(lat_ms.size),
+        median_ms=percentile(lat_ms, 50),
+        mean_ms=mean(lat_ms),
+        p90_ms=percentile(lat_ms, 90),
+        mb_s=percentile(mb_s, 50),
+        iops=percentile(iops, 50),
+        mb_s_min=min(mb_s),
+        mb_s_max=max(mb_s),
+        split=split,
+        batch=batch,
+    )
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    path: Path | None = None  # file to read; None: a scratch file in scratch_dir
+    size: int = DEFAULT_SIZE  # bytes per read
+    size_source: str = "default: seed 000's expert, 1.9 MB"
+    threads: tuple[int, ...] = DEFAULT_THREADS
+    reads: int = 64
+    cache_mode: str = "direct"
+    splits: tuple[int, ...] = DEFAULT_SPLITS
+    split_threads: int | None = None  # None: the recommended thread count of the level sweep
+    split_batch: int = DEFAULT_SPLIT_BATCH
+    small_threads: tuple[int, ...] = DEFAULT_SMALL_THREADS
+    small_reads: int | None = None  # None: 4 x reads
+    repeat: int = 1
+    scratch_dir: Path = Path(".")
+    scratch_bytes: int = DEFAULT_SCRATCH_BYTES
+    seed: int = 0
+
+    def validate(self) -> None:
+        def positive(name, value):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ParamsError(f"{name} must be a positive integer, got {value!r}")
+
+        if not self.threads:
+            raise ParamsError("--threads: give at least one thread count")
+        for t in (*self.threads, *self.small_threads):
+            positive("--threads: thread count", t)
+        for s in self.splits:
+            positive("--split: chunk count", s)
+            if s > 8:
+                raise ParamsError(f"--split: chunk count {s} is above 8 (the pager's limit)")
+        positive("--size", self.size)
+        positive("--reads", self.reads)
+        positive("--repeat", self.repeat)
+        positive("--split-batch", self.split_batch)
+        if self.split_threads is not None:
+            positive("--split-threads", self.split_threads)
+        if self.small_reads is not None:
+            positive("small reads", self.small_reads)
+        if self.cache_mode not in CACHE_MODES:
+            raise ParamsError(
+                f"--cache-mode must be one of {', '.join(CACHE_MODES)}, got {self.cache_mode!r}"
+            )
+        if self.path is None:
+            positive("--scratch-size", self.scratch_bytes)
+            if self.scratch_bytes < _round_up(self.size, PAGE):
+                raise ParamsError(
+                    f"--size {self.size} B is larger than the scratch file "
+                    f"({self.scratch_bytes} B); raise --scratch-size"
+                )
+
+
+def parse_int_list(text: str, name: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); a clear ParamsError for anything else."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ParamsError(f"{name}: expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise ParamsError(f"{name}: expected comma-separated integers, got {text!r}")
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise ParamsError(f"{name}: values must be >= 1, got {bad[0]}")
+    return values
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+# ---------------------------------------------------------------------------- scratch file
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM / SIGHUP raise KeyboardInterrupt in the main thread, so `finally` blocks run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def _check_writable_dir(directory: Path) -> None:
+    if not directory.exists():
+        raise ParamsError(f"scratch directory {directory} does not exist")
+    if not directory.is_dir():
+        raise ParamsError(f"scratch directory {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ParamsError(f"scratch directory {directory} is not writable")
+
+
+@contextlib.contextmanager
+def scratch_file(directory: Path, nbytes: int, seed: int = 0) -> Iterator[Path]:
+    """A file of `nbytes` random bytes in `directory`, on disk and out of the page cache.
+
+    Removed when the block exits, however it exits (exception, Ctrl-C, SIGTERM, SIGHUP).
+    """
+    directory = Path(directory)
+    _check_writable_dir(directory)
+    path = directory / f".sdq-probe-{os.getpid()}-{time.monotonic_ns()}.scratch"
+    rng = np.random.default_rng(seed)
+    chunk = 8 << 20
+    with _signals_raise():
+        try:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except OSError as exc:
+                raise ParamsError(
+                    f"cannot create scratch file in {directory}: {exc.strerror}"
+                ) from None
+            try:
+                left = nbytes
+                while left:
+                    n = min(chunk, left)
+                    # random bytes: nothing a compressing or deduplicating layer could shortcut
+                    os.write(fd, rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+                    left -= n
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError as exc:
+                raise ParamsError(
+                    f"cannot write {nbytes} B scratch file {path}: {exc.strerror}"
+                ) from None
+            finally:
+                os.close(fd)
+            yield path
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _open_for(path: Path, cache_mode: str) -> int:
+    flags = os.O_RDONLY | (os.O_DIRECT if cache_mode == "direct" else 0)
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        if cache_mode == "direct" and exc.errno == 22:  # EINVAL: fs without O_DIRECT (tmpfs)
+            raise ReadError(
+                f"{path}: the filesystem does not support O_DIRECT; use --cache-mode dontneed"
+            ) from None
+        raise ReadError(f"cannot open {path}: {exc.strerror}") from None
+
+
+def _drop_cache(fd: int) -> None:
+    """Evict the whole file's clean pages, so a level starts cold."""
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+class ThreadReader:
+    """`threads` persistent workers that pread requests of one batch through `sdq._io`.
+
+    Each worker owns a page-aligned buffer (O_DIRECT needs aligned memory); the read itself
+    is `sdq._io.pread_into`, which releases the GIL. In `dontneed` mode the worker drops
+    the range it read before recording the end time (as the pager's C pool does).
+    """
+
+    def __init__(self, fd: int, threads: int, max_len: int, cache_mode: str):
+        from sdq import _io
+
+        self._pread = _io.pread_into
+        self.fd, self.threads, self.cache_mode = fd, threads, cache_mode
+        self._buffers = [mmap.mmap(-1, _round_up(max_len, PAGE)) for _ in range(threads)]
+        for b in self._buffers:
+            np.frombuffer(b, np.uint8)[::PAGE] = 1  # fault the pages in before any timing
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Semaphore(0)
+        self._error: BaseException | None = None
+        self._workers = [
+            threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(threads)
+        ]
+        for w in self._workers:
+            w.start()
+
+    def _work(self, i: int) -> None:
+        buf = memoryview(self._buffers[i])
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            k, offset, length, start, end = item
+            try:
+                t0 = time.perf_counter_ns()
+                self._pread(self.fd, int(offset), buf[:length])
+                if self.cache_mode == "dontneed":
+                    os.posix_fadvise(self.fd, int(offset), int(length), os.POSIX_FADV_DONTNEED)
+                start[k], end[k] = t0, time.perf_counter_ns()
+            except BaseException as exc:  # reported by read_batch in the caller's thread
+                self._error = self._error or exc
+            finally:
+                self._done.release()
+
+    def read_batch(self, offsets: np.ndarray, lengths: np.ndarray, groups=None):
+        """Submit all requests at once; return (submit_ns, start_ns [N], end_ns [N])."""
+        n = len(offsets)
+        start = np.zeros(n, np.int64)  # [N]
+        end = np.zeros(n, np.int64)  # [N]
+        submit = time.perf_counter_ns()
+        for k in range(n):
+            self._queue.put((k, offsets[k], lengths[k], start, end))
+        for _ in range(n):
+            self._done.acquire()
+        if self._error is not None:
+            exc, self._error = self._error, None
+            raise ReadError(f"probe read failed: {exc}") from exc
+        return submit, start, end
+
+    def close(self) -> None:
+        for _ in self._workers:
+            self._queue.put(None)
+        for w in self._workers:
+            w.join()
+        for b in self._buffers:
+            b.close()
+
+
+class PoolReader:
+    """The pager's own C pool (`sdq._io.Pool`): one batch per call, every read its own task.
+
+    Each read has its own page-aligned, pre-touched destination (reads of one batch may run
+    at the same time); `groups` (one per read by default) only label what a caller waits for.
+    Timestamps are the pool's (CLOCK_MONOTONIC, as `time.perf_counter_ns` on Linux); in
+    `dontneed` mode the pool's end time includes the posix_fadvise after the read.
+    """
+
+    def __init__(self, fd: int, threads: int, max_len: int, cache_mode: str):
+        from sdq import _io
+
+        self._io, self.fd, self.threads = _io, fd, threads
+        self._flags = {"direct": _io.FLAG_DIRECT, "dontneed": _io.FLAG_DONTNEED}[cache_mode]
+        self._stride = _round_up(max_len, PAGE)
+        self._pool = _io.Pool(threads)
+        self._buf: mmap.mmap | None = None
+
+    def _dests(self, n: int) -> int:
+        """Base address of n pre-touched page-aligned destinations of `stride` bytes."""
+        need = n * self._stride
+        if self._buf is None or len(self._buf) < need:
+            if self._buf is not None:
+                self._buf.close()
+            self._buf = mmap.mmap(-1, need)
+            np.frombuffer(self._buf, np.uint8)[::PAGE] = 1  # fault every page in now
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._buf))
+
+    def read_batch(self, offsets: np.ndarray, lengths: np.ndarray, groups=None):
+        n = len(offsets)
+        base = self._dests(n)
+        table = np.empty((n, 7), np.int64)  # [R, 7]: fd, offset, length, need, dest, task, group
+        table[:, 0] = self.fd
+        table[:, 1] = offsets
+        table[:, 2] = lengths
+        table[:, 3] = lengths
+        table[:, 4] = base + np.arange(n, dtype=np.int64) * self._stride
+        table[:, 5] = np.arange(n)
+        table[:, 6] = np.arange(n) if groups is None else groups
+        try:
+            batch = self._pool.submit(table, self._flags, self._buf)
+            batch.wait_all()
+        except OSError as exc:
+            raise ReadError(f"probe read failed: {exc}") from None
+        report = np.frombuffer(batch.report(), np.int64).reshape(n, 6)  # [R, 6]
+        del batch  # frees the C batch before the buffer can be reused
+        return int(report[0, 0]), report[:, 1].copy(), report[:, 2].copy()
+
+    def close(self) -> None:
+        self._pool.close()
+        if self._buf is not None:
+            self._buf.close()
+
+
+def make_reader(fd: int, threads: int, max_len: int, cache_mode: str):
+    """The C pool when this build of `sdq._io` has it, else Python threads over pread_into."""
+    from sdq import _io
+
+    cls = PoolReader if hasattr(_io, "Pool") else ThreadReader
+    return cls(fd, threads, max_len, cache_mode)
+
+
+def reader_name() -> str:
+    from sdq import _io
+
+    if hasattr(_io, "Pool"):
+        return "sdq._io.Pool (the pager's C pthread pool)"
+    return "sdq._io.pread_into on Python threads (GIL released during each pread)"
+
+
+def _random_offsets(rng, file_bytes: int, length: int, n: int) -> np.ndarray:
+    """n page-aligned offsets of non-overlapping `length`-byte ranges where the file allows."""
+    stride = _round_up(length, PAGE)
+    slots = (file_bytes - length) // stride + 1
+    if slots < 1:
+        raise ParamsError(f"read size {length} B is larger than the file ({file_bytes} B)")
+    idx = rng.choice(slots, size=n, replace=n > slots)  # [N]
+    return idx.astype(np.int64) * stride
+
+
+def _read_len(size: int, cache_mode: str) -> int:
+    """O_DIRECT reads whole 4 KiB pages: the request is rounded up (and counted as read)."""
+    return _round_up(size, PAGE) if cache_mode == "direct" else size
+
+
+def _level(path, fd, file_bytes, *, size, threads, reads, cache_mode, rng, repeat) -> list[Timing]:
+    """`reads` random reads of `size` bytes with `threads` workers, `repeat` times."""
+    length = _read_len(size, cache_mode)
+    runs = []
+    for _ in range(repeat):
+        offsets = _random_offsets(rng, file_bytes, length, reads)  # [R]
+        lengths = np.full(reads, length, np.int64)  # [R]
+        _drop_cache(fd)
+        reader = make_reader(fd, threads, length, cache_mode)
+        try:
+            _, start, end = reader.read_batch(offsets, lengths)
+        finally:
+            reader.close()
+        runs.append(Timing(end - start, int(end.max() - start.min()), int(lengths.sum())))
+    return runs
+
+
+def chunk_bounds(size: int, split: int) -> list[tuple[int, int]]:
+    """(offset within segment, length) of `split` chunks cut on page boundaries.
+
+    Fewer chunks come back when the segment has fewer pages than `split`.
+    """
+    step = _round_up(-(-size // split), PAGE)
+    return [(o, min(step, size - o)) for o in range(0, size, step)]
+
+
+def _split_cell(
+    fd, file_bytes, *, size, split, threads, batch, reads, cache_mode, rng, repeat
+) -> list[Timing]:
+    """Segments in batches of `batch`, each cut in `split` chunks, all of a batch at once.
+
+    A segment's latency runs from its batch's submission to its last chunk's end.
+    """
+    length = _read_len(size, cache_mode)
+    chunks = chunk_bounds(length, split)
+    n_batches = max(1, round(reads / batch))
+    runs = []
+    for _ in range(repeat):
+        _drop_cache(fd)
+        reader = make_reader(fd, threads, max(c[1] for c in chunks), cache_mode)
+        seg_lat, first, last, nbytes = [], None, 0, 0
+        try:
+            for _b in range(n_batches):
+                seg = _random_offsets(rng, file_bytes, length, batch)  # [B]
+                offsets = np.array([s + o for s in seg for o, _ in chunks], np.int64)  # [B*S]
+                lengths = np.array([n for _ in seg for _, n in chunks], np.int64)  # [B*S]
+                groups = np.repeat(np.arange(batch), len(chunks))  # [B*S]: segment of each chunk
+                submit, start, end = reader.read_batch(offsets, lengths, groups)
+                per_seg = end.reshape(batch, len(chunks)).max(axis=1)  # [B]
+                seg_lat.append(per_seg - submit)
+                first = submit if first is None else first
+                last = max(last, int(end.max()))
+                nbytes += int(lengths.sum())
+        finally:
+            reader.close()
+        runs.append(Timing(np.concatenate(seg_lat), last - first, nbytes))
+    return runs
+
+
+# ---------------------------------------------------------------------------- the probe
+
+
+@dataclass
+class ProbeResult:
+    settings: dict
+    storage: dict
+    storage_label: str
+    scratch: bool  # True when the file was a scratch file (removed afterwards)
+    cache_mode: str
+    reader: str  # what issued the reads
+    levels: list[ReadStats] = field(default_factory=list)
+    small: list[ReadStats] = field(default_factory=list)
+    split: list[ReadStats] = field(default_factory=list)
+    split_threads: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["recommendation"] = asdict(recommend(self))
+        return d
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    io_threads: int
+    io_split: int
+    best_mb_s: float
+    chosen_mb_s: float
+    split_gain: float  # bandwidth of the chosen split / split 1, at the engine's batch
+    why: str
+
+
+def recommend(result: ProbeResult, within: float = WITHIN) -> Recommendation:
+    """Smallest thread count within `within` of the best bandwidth; the split that helps."""
+    if not result.levels:
+        raise ValueError("no levels measured")
+    best = max(s.mb_s for s in result.levels)
+    near = [s for s in result.levels if s.mb_s >= (1 - within) * best]
+    chosen = min(near, key=lambda s: s.threads)
+    why = (
+        f"{chosen.threads} threads reach {chosen.mb_s:.0f} MB/s, within {within:.0%} "
+        f"of the best {best:.0f} MB/s"
+    )
+    io_split, gain = 1, 1.0
+    engine = [s for s in result.split if s.batch == max(c.batch for c in result.split)]
+    base = next((s for s in engine if s.split == 1), None)
+    if base is not None:
+        # helps: median bandwidth more than `within` above split 1's, and even its slowest
+        # repeat above split 1's median (so one lucky repeat on a noisy device is not enough)
+        helps = [
+            s
+            for s in engine
+            if s.split > 1 and s.mb_s > (1 + within) * base.mb_s and s.mb_s_min > base.mb_s
+        ]
+        if helps:
+            top = max(helps, key=lambda s: s.mb_s)
+            io_split, gain = top.split, top.mb_s / base.mb_s
+            why += f"; split {top.split} gives {gain:.2f}x split 1 at batch {top.batch}"
+        else:
+            why += f"; no split beats split 1 by more than {within:.0%} at batch {base.batch}"
+    return Recommendation(chosen.threads, io_split, best, chosen.mb_s, gain, why)
+
+
+def _engine_shape(model_path: Path) -> tuple[int, int]:
+    """(largest expert segment bytes, segments a decode layer submits: K experts x 3)."""
+    from sdq.gguf import open_model
+
+    model = open_model(model_path)
+    table = model.require_experts() if hasattr(model, "require_experts") else model.experts
+    return int(np.max(table.nbytes)), int(model.spec.n_expert_used) * 3
+
+
+def settings_for_model(model_path: Path, **overrides) -> ProbeSettings:
+    """Probe settings whose read size and split batch come from a GGUF model's experts."""
+    seg, batch = _engine_shape(Path(model_path))
+    base = dict(path=Path(model_path), size=seg, split_batch=batch)
+    base["size_source"] = f"the model's largest expert segment, {seg} B"
+    base.update(overrides)
+    return ProbeSettings(**base)
+
+
+def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
+    """Run the three sweeps; `progress(str)` is called before each cell when given."""
+    settings.validate()
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if settings.path is None:
+            say(f"writing a {settings.scratch_bytes / 2**20:.0f} MiB scratch file")
+            path = stack.enter_context(
+                scratch_file(settings.scratch_dir, settings.scratch_bytes, settings.seed)
+            )
+        else:
+            path = Path(settings.path)
+            if not path.is_file():
+                raise ParamsError(f"--file {path}: no such file")
+        file_bytes = path.stat().st_size
+        if settings.size > file_bytes:
+            raise ParamsError(f"--size {settings.size} B is larger than {path} ({file_bytes} B)")
+        if _read_len(settings.size, settings.cache_mode) > file_bytes:
+            raise ParamsError(
+                f"--size {settings.size} B, rounded up to {_read_len(settings.size, 'direct')} B "
+                f"for O_DIRECT, is larger than {path} ({file_bytes} B)"
+            )
+        from sdq.probe_device import describe_storage
+
+        storage = describe_storage(path)
+        if storage.fstype in MEMORY_FILESYSTEMS:
+            raise ParamsError(
+                f"{path} is on {storage.fstype}, which lives in RAM: there is no device to probe "
+                "(give --file or --scratch-dir on a disk)"
+            )
+        fd = _open_for(path, settings.cache_mode)
+        stack.callback(os.close, fd)
+        rng = np.random.default_rng(settings.seed)
+        common = dict(cache_mode=settings.cache_mode, rng=rng, repeat=settings.repeat)
+        result = ProbeResult(
+            settings=_settings_dict(settings),
+            storage=storage.to_dict(),
+            storage_label=storage.label(),
+            scratch=settings.path is None,
+            cache_mode=settings.cache_mode,
+            reader=reader_name(),
+        )
+        with _signals_raise():
+            for t in settings.threads:
+                say(f"{settings.size} B x {settings.reads} reads at {t} threads")
+                runs = _level(path, fd, file_bytes, size=settings.size, threads=t,
+                              reads=settings.reads, **common)  # fmt: skip
+                result.levels.append(summarize(runs, threads=t, size=settings.size))
+            small_reads = settings.small_reads or 4 * settings.reads
+            for t in settings.small_threads:
+                say(f"4 KiB x {small_reads} reads at {t} threads")
+                runs = _level(path, fd, file_bytes, size=SMALL_SIZE, threads=t,
+                              reads=small_reads, **common)  # fmt: skip
+                result.small.append(summarize(runs, threads=t, size=SMALL_SIZE))
+            threads = settings.split_threads or recommend(result).io_threads
+            result.split_threads = threads
+            for batch in sorted({1, settings.split_batch}):
+                for s in settings.splits:
+                    say(f"split {s}, batch {batch} segments, {threads} threads")
+                    runs = _split_cell(fd, file_bytes, size=settings.size, split=s,
+                                       threads=threads, batch=batch, reads=settings.reads,
+                                       **common)  # fmt: skip
+                    result.split.append(
+                        summarize(runs, threads=threads, size=settings.size, split=s, batch=batch)
+                    )
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _settings_dict(settings: ProbeSettings) -> dict:
+    d = asdict(settings)
+    for k in ("path", "scratch_dir"):
+        d[k] = None if d[k] is None else str(d[k])
+    return d
+
+
+# ---------------------------------------------------------------------------- I/O profile
+
+
+@dataclass(frozen=True)
+class IOProfile:
+    """What `sdq chat --io-profile PATH` takes from a probe: threads, split, and the evidence.
+
+    JSON schema (version 1):
+      {"version": 1, "io_threads": int >= 1, "io_split": int 1..8,
+       "cache_mode": "direct" | "dontneed", "device": {...storage labels...},
+       "measured": {"size": bytes per read, "best_mb_s": ..., "chosen_mb_s": ...,
+                    "split_gain": ..., "why": "...", "levels": [...], "split": [...]}}
+    """
+
+    io_threads: int
+    io_split: int
+    cache_mode: str
+    device: dict
+    measured: dict
+    version: int = PROFILE_VERSION
+
+
+def profile_from(result: ProbeResult) -> IOProfile:
+    rec = recommend(result)
+    return IOProfile(
+        io_threads=rec.io_threads,
+        io_split=rec.io_split,
+        cache_mode=result.cache_mode,
+        device=dict(result.storage, label=result.storage_label),
+        measured={
+            "size": result.settings["size"],
+            "best_mb_s": rec.best_mb_s,
+            "chosen_mb_s": rec.chosen_mb_s,
+            "split_gain": rec.split_gain,
+            "split_threads": result.split_threads,
+            "why": rec.why,
+            "levels": [asdict(s) for s in result.levels],
+            "split": [asdict(s) for s in result.split],
+        },
+    )
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write JSON to a temporary name next to `path`, then rename it into place."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ParamsError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def write_io_profile(path: Path, profile: IOProfile) -> None:
+    write_json_atomic(path, asdict(profile))
+
+
+def load_io_profile(path: str | os.PathLike) -> IOProfile:
+    """Read and check an I/O profile written by `sdq probe --profile-out`."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"I/O profile {path}: no such file") from None
+    except OSError as exc:
+        raise ParamsError(f"I/O profile {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ParamsError(
+            f"I/O profile {path}: not JSON ({exc.msg} at line {exc.lineno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise ParamsError(f"I/O profile {path}: expected a JSON object")
+    version = data.get("version", PROFILE_VERSION)
+    if version != PROFILE_VERSION:
+        raise ParamsError(f"I/O profile {path}: version {version!r}, this sdq reads version 1")
+    for key, lo, hi in (("io_threads", 1, 4096), ("io_split", 1, 8)):
+        v = data.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ParamsError(
+                f"I/O profile {path}: {key} must be an integer in {lo}..{hi}, got {v!r}"
+            )
+    if data.get("cache_mode") not in CACHE_MODES:
+        raise ParamsError(
+            f"I/O profile {path}: cache_mode must be one of {', '.join(CACHE_MODES)}, "
+            f"got {data.get('cache_mode')!r}"
+        )
+    return IOProfile(
+        io_threads=data["io_threads"],
+        io_split=data["io_split"],
+        cache_mode=data["cache_mode"],
+        device=dict(data.get("device") or {}),
+        measured=dict(data.get("measured") or {}),
+        version=version,
+    )

@@ -1,0 +1,117 @@
+"""`sdq probe` on the command line: a smoke run, the JSON and profile outputs, bad arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sdq.cli import main
+from sdq.probe import MEMORY_FILESYSTEMS, load_io_profile
+from sdq.probe_device import describe_storage
+
+SMOKE_ARGS = [
+    "--size", "256k", "--threads", "1,2", "--reads", "8", "--split", "1,2",
+    "--split-batch", "4", "--scratch-size", "8M",
+]  # fmt: skip
+
+
+@pytest.fixture
+def disk_dir(tmp_path: Path) -> Path:
+    if describe_storage(tmp_path).fstype in MEMORY_FILESYSTEMS:
+        pytest.skip("the temporary directory is on a memory filesystem")
+    return tmp_path
+
+
+def run_cli(argv, capsys):
+    code = main(["probe", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_probe_json_and_profile(disk_dir, capsys):
+    prof = disk_dir / "io.json"
+    code, out, err = run_cli(
+        [*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--json", "--profile-out", str(prof)],
+        capsys,
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["cache_mode"] == "direct" and data["scratch"] is True
+    assert len(data["levels"]) == 2 and len(data["small"]) == 2 and len(data["split"]) == 4
+    profile = load_io_profile(prof)
+    assert profile.io_threads == data["recommendation"]["io_threads"]
+    assert [p.name for p in disk_dir.iterdir()] == ["io.json"]  # scratch file gone
+
+
+def test_probe_text_report_states_its_labels(disk_dir, capsys):
+    code, out, _ = run_cli(
+        [*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--cache-mode", "dontneed"], capsys
+    )
+    assert code == 0
+    assert "cache mode: dontneed" in out and "scratch file (removed)" in out
+    assert "% of RAM" in out and "recommendation: io_threads=" in out
+
+
+def one_line_error(code, err, *fragments):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sdq probe: error: "), err
+    for f in fragments:
+        assert f in lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--threads", "0,4"], ["--threads", "0"]),
+        (["--threads", "a,b"], ["--threads"]),
+        (["--reads", "0"], ["--reads"]),
+        (["--split", "16"], ["--split", "16"]),
+        (["--cache-mode", "pagecache"], ["--cache-mode", "pagecache"]),
+        (["--size", "16M", "--scratch-size", "8M"], ["--size", "scratch"]),
+        (["--scratch-dir", "/nonexistent-sdq-dir"], ["/nonexistent-sdq-dir", "does not exist"]),
+        (["--file", "/nonexistent-sdq-file"], ["/nonexistent-sdq-file", "no such file"]),
+    ],
+)
+def test_bad_arguments_give_one_line_errors(argv, fragments, capsys):
+    one_line_error(*run_cli(argv, capsys)[::2], *fragments)
+
+
+def test_size_larger_than_file(tmp_path, capsys):
+    f = tmp_path / "small.bin"
+    f.write_bytes(b"\0" * 10_000)
+    code, _, err = run_cli(["--file", str(f), "--size", "20000"], capsys)
+    one_line_error(code, err, "--size 20000", str(f), "10000 B")
+
+
+def test_unwritable_scratch_directory(tmp_path, capsys):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    code, _, err = run_cli(["--scratch-dir", str(not_a_dir)], capsys)
+    one_line_error(code, err, "not a directory")
+    if os.geteuid() != 0:  # root writes anywhere: permission bits prove nothing then
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        code, _, err = run_cli(["--scratch-dir", str(locked)], capsys)
+        one_line_error(code, err, "not writable")
+
+
+def test_unwritable_profile_directory(tmp_path, capsys):
+    code, _, err = run_cli(["--profile-out", str(tmp_path / "no" / "such" / "p.json")], capsys)
+    one_line_error(code, err, "--profile-out", "does not exist")
+
+
+def test_memory_filesystem_is_refused(capsys):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or describe_storage(shm).fstype not in MEMORY_FILESYSTEMS:
+        pytest.skip("no tmpfs at /dev/shm")
+    f = shm / f"sdq-probe-test-{os.getpid()}"
+    f.write_bytes(b"\0" * (1 << 20))
+    try:
+        code, _, err = run_cli(["--file", str(f), "--size", "64k"], capsys)
+    finally:
+        f.unlink()
+    one_line_error(code, err, "tmpfs", "RAM")
