@@ -1,0 +1,160 @@
+"""`sdq bench resident MODEL`: sdq against llama.cpp with every weight in RAM.
+
+Both engines get the same GGUF file, the same prompt token ids, the same thread count, ubatch
+and number of generated tokens (greedy, EOS ignored). They run alternately (sdq first on even
+repeats, llama.cpp first on odd ones) in this one process, after one warm-up each (Numba
+compilation, first touch of the weights), and the medians over repeats are reported.
+
+Timing is the same wall clock for both: prefill = evaluating the prompt (ubatches of -b
+tokens) up to its last logits; decode = n - 1 single-token forward passes plus the argmax that
+picks each next token. sdq's experts come from `ResidentExperts` (all in RAM), so the number
+compares compute, not paging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+DEFAULT_PROMPT = (
+    "The storage hierarchy of a computer has three levels that matter here: the CPU caches, "
+    "main memory and the solid-state disk. Explain in a few sentences how a program that is "
+    "larger than main memory can still run quickly, and what limits its speed."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="GGUF model file")
+    p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-b", "--ubatch", type=int, default=128)
+    p.add_argument("-c", "--ctx-size", type=int, default=1024)
+    p.add_argument("-r", "--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    from sdq.errors import ParamsError
+    from sdq.sampler import SamplerSettings
+    from sdq.session import RunSettings, Session
+
+    if args.n_predict < 2 or args.repeats < 1:
+        raise ParamsError(f"-n {args.n_predict} must be >= 2 and -r {args.repeats} >= 1")
+    settings = RunSettings(
+        model=args.model,
+        n_ctx=args.ctx_size,
+        n_ubatch=args.ubatch,
+        threads=args.threads,
+        n_predict=args.n_predict,
+        sampler=SamplerSettings(temp=0.0),
+        stop_at_eos=False,
+        resident=True,
+    )
+    session = Session(settings)
+    ids = session.tokenizer.encode(args.prompt)
+    llama = LlamaRunner(args.model, args.ctx_size, args.ubatch, args.threads)
+
+    def sdq_once() -> dict:
+        g = session.generate(ids)
+        f = g.figures
+        return {"prefill_tok_s": f["prefill_tok_s"], "decode_tok_s": f["decode_tok_s"]}
+
+    def llama_once() -> dict:
+        return llama.measure(ids, args.n_predict)
+
+    runners = {"sdq": sdq_once, "llama.cpp": llama_once}
+    for fn in runners.values():  # warm-up, not measured
+        fn()
+    samples: dict[str, list[dict]] = {name: [] for name in runners}
+    for r in range(args.repeats):
+        order = list(runners) if r % 2 == 0 else list(reversed(runners))
+        for name in order:
+            samples[name].append(runners[name]())
+    session.close()
+
+    result = {
+        "model": str(args.model),
+        "n_prompt": len(ids),
+        "n_predict": args.n_predict,
+        "threads": args.threads,
+        "ubatch": args.ubatch,
+        "repeats": args.repeats,
+    }
+    for name, rows in samples.items():
+        for key in ("prefill_tok_s", "decode_tok_s"):
+            result[f"{name}_{key}"] = statistics.median(row[key] for row in rows)
+            result[f"{name}_{key}_all"] = [row[key] for row in rows]
+    for key in ("prefill_tok_s", "decode_tok_s"):
+        result[f"ratio_{key}"] = result[f"sdq_{key}"] / result[f"llama.cpp_{key}"]
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(_table(result))
+    return 0
+
+
+def _table(r: dict) -> str:
+    lines = [
+        f"{r['model']}: prompt {r['n_prompt']} tokens, {r['n_predict']} generated, "
+        f"-t {r['threads']} -b {r['ubatch']}, median of {r['repeats']} alternating runs",
+        f"{'engine':10s} {'prefill tok/s':>14s} {'decode tok/s':>13s}",
+    ]
+    for name in ("sdq", "llama.cpp"):
+        lines.append(
+            f"{name:10s} {r[f'{name}_prefill_tok_s']:14.2f} {r[f'{name}_decode_tok_s']:13.2f}"
+        )
+    lines.append(
+        f"{'sdq/llama':10s} {r['ratio_prefill_tok_s']:14.3f} {r['ratio_decode_tok_s']:13.3f}"
+    )
+    return "\n".join(lines)
+
+
+class LlamaRunner:
+    """llama.cpp (llama-cpp-python) on the same file: prefill, then greedy decode."""
+
+    def __init__(self, path: str, n_ctx: int, n_ubatch: int, threads: int):
+        try:
+            import llama_cpp
+        except ImportError as exc:  # pinned dependency; missing only in a broken install
+            from sdq.errors import UnsupportedError
+
+            raise UnsupportedError(f"llama-cpp-python is not installed ({exc})") from None
+        self.lib = llama_cpp
+        self.llm = llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_batch=n_ubatch,
+            n_ubatch=n_ubatch,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
+        self.n_vocab = self.llm.n_vocab()
+
+    def last_logits(self):
+        import numpy as np
+
+        ptr = self.lib.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def measure(self, ids: list[int], n_predict: int) -> dict:
+        import numpy as np
+
+        llm = self.llm
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        t1 = time.perf_counter()
+        tok = int(np.argmax(self.last_logits()))  # as sdq: the first token is not timed
+        t_first = time.perf_counter()
+        for _ in range(n_predict - 1):
+            llm.eval([tok])
+            tok = int(np.argmax(self.last_logits()))
+        t2 = time.perf_counter()
+        return {
+            "prefill_tok_s": len(ids) / (t1 - t0),
+            "decode_tok_s": (n_predict - 1) / (t2 - t_first),
+        }
