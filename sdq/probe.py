@@ -30,7 +30,6 @@ import json
 import math
 import mmap
 import os
-import queue
 import signal
 import threading
 import time
@@ -100,6 +99,7 @@ class ReadStats:
     mb_s_max: float
     split: int = 1
     batch: int = 0  # segments submitted together (split cells); 0 = all reads at once
+    cached: float = 0.0  # share of pages already in the page cache before reading (should be 0)
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ class Timing:
     latency_ns: np.ndarray  # [N] int64
     wall_ns: int
     nbytes: int  # bytes read in the level
+    cached: float = 0.0  # share of the ranges' pages in the page cache just before the reads
 
 
 def summarize(runs: Sequence[Timing], *, threads: int, size: int, split: int = 1, batch: int = 0):
@@ -131,6 +132,7 @@ def summarize(runs: Sequence[Timing], *, threads: int, size: int, split: int = 1
         mb_s_max=max(mb_s),
         split=split,
         batch=batch,
+        cached=mean([r.cached for r in runs]),
     )
 
 
@@ -293,75 +295,21 @@ def _open_for(path: Path, cache_mode: str) -> int:
 
 
 def _drop_cache(fd: int) -> None:
-    """Evict the whole file's clean pages, so a level starts cold."""
+    """Write back and evict the file's cached pages, so a level starts cold.
+
+    DONTNEED only evicts clean pages: a file written moments ago (a model just built) would
+    otherwise stay in the page cache and be "read" at memory speed.
+    """
+    with contextlib.suppress(OSError):  # fsync of a read-only fd works on Linux; if not, try
+        os.fsync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-class ThreadReader:
-    """`threads` persistent workers that pread requests of one batch through `sdq._io`.
+def _cached_share(fd: int, offsets: np.ndarray, length: int) -> float:
+    """Mean share of the ranges' pages already in the page cache (mincore), before reading."""
+    from sdq import _io
 
-    Each worker owns a page-aligned buffer (O_DIRECT needs aligned memory); the read itself
-    is `sdq._io.pread_into`, which releases the GIL. In `dontneed` mode the worker drops
-    the range it read before recording the end time (as the pager's C pool does).
-    """
-
-    def __init__(self, fd: int, threads: int, max_len: int, cache_mode: str):
-        from sdq import _io
-
-        self._pread = _io.pread_into
-        self.fd, self.threads, self.cache_mode = fd, threads, cache_mode
-        self._buffers = [mmap.mmap(-1, _round_up(max_len, PAGE)) for _ in range(threads)]
-        for b in self._buffers:
-            np.frombuffer(b, np.uint8)[::PAGE] = 1  # fault the pages in before any timing
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = threading.Semaphore(0)
-        self._error: BaseException | None = None
-        self._workers = [
-            threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(threads)
-        ]
-        for w in self._workers:
-            w.start()
-
-    def _work(self, i: int) -> None:
-        buf = memoryview(self._buffers[i])
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            k, offset, length, start, end = item
-            try:
-                t0 = time.perf_counter_ns()
-                self._pread(self.fd, int(offset), buf[:length])
-                if self.cache_mode == "dontneed":
-                    os.posix_fadvise(self.fd, int(offset), int(length), os.POSIX_FADV_DONTNEED)
-                start[k], end[k] = t0, time.perf_counter_ns()
-            except BaseException as exc:  # reported by read_batch in the caller's thread
-                self._error = self._error or exc
-            finally:
-                self._done.release()
-
-    def read_batch(self, offsets: np.ndarray, lengths: np.ndarray, groups=None):
-        """Submit all requests at once; return (submit_ns, start_ns [N], end_ns [N])."""
-        n = len(offsets)
-        start = np.zeros(n, np.int64)  # [N]
-        end = np.zeros(n, np.int64)  # [N]
-        submit = time.perf_counter_ns()
-        for k in range(n):
-            self._queue.put((k, offsets[k], lengths[k], start, end))
-        for _ in range(n):
-            self._done.acquire()
-        if self._error is not None:
-            exc, self._error = self._error, None
-            raise ReadError(f"probe read failed: {exc}") from exc
-        return submit, start, end
-
-    def close(self) -> None:
-        for _ in self._workers:
-            self._queue.put(None)
-        for w in self._workers:
-            w.join()
-        for b in self._buffers:
-            b.close()
+    return mean([_io.resident_fraction(fd, int(o), int(length)) for o in offsets])
 
 
 class PoolReader:
@@ -418,20 +366,7 @@ class PoolReader:
             self._buf.close()
 
 
-def make_reader(fd: int, threads: int, max_len: int, cache_mode: str):
-    """The C pool when this build of `sdq._io` has it, else Python threads over pread_into."""
-    from sdq import _io
-
-    cls = PoolReader if hasattr(_io, "Pool") else ThreadReader
-    return cls(fd, threads, max_len, cache_mode)
-
-
-def reader_name() -> str:
-    from sdq import _io
-
-    if hasattr(_io, "Pool"):
-        return "sdq._io.Pool (the pager's C pthread pool)"
-    return "sdq._io.pread_into on Python threads (GIL released during each pread)"
+READER = "sdq._io.Pool (the pager's C pthread pool)"
 
 
 def _random_offsets(rng, file_bytes: int, length: int, n: int) -> np.ndarray:
@@ -456,13 +391,15 @@ def _level(path, fd, file_bytes, *, size, threads, reads, cache_mode, rng, repea
     for _ in range(repeat):
         offsets = _random_offsets(rng, file_bytes, length, reads)  # [R]
         lengths = np.full(reads, length, np.int64)  # [R]
-        _drop_cache(fd)
-        reader = make_reader(fd, threads, length, cache_mode)
+        reader = PoolReader(fd, threads, length, cache_mode)
         try:
+            _drop_cache(fd)
+            cached = _cached_share(fd, offsets, length)
             _, start, end = reader.read_batch(offsets, lengths)
         finally:
             reader.close()
-        runs.append(Timing(end - start, int(end.max() - start.min()), int(lengths.sum())))
+        wall = int(end.max() - start.min())
+        runs.append(Timing(end - start, wall, int(lengths.sum()), cached))
     return runs
 
 
@@ -488,14 +425,15 @@ def _split_cell(
     runs = []
     for _ in range(repeat):
         _drop_cache(fd)
-        reader = make_reader(fd, threads, max(c[1] for c in chunks), cache_mode)
-        seg_lat, first, last, nbytes = [], None, 0, 0
+        reader = PoolReader(fd, threads, max(c[1] for c in chunks), cache_mode)
+        seg_lat, first, last, nbytes, cached = [], None, 0, 0, []
         try:
             for _b in range(n_batches):
                 seg = _random_offsets(rng, file_bytes, length, batch)  # [B]
                 offsets = np.array([s + o for s in seg for o, _ in chunks], np.int64)  # [B*S]
                 lengths = np.array([n for _ in seg for _, n in chunks], np.int64)  # [B*S]
                 groups = np.repeat(np.arange(batch), len(chunks))  # [B*S]: segment of each chunk
+                cached.append(_cached_share(fd, seg, length))
                 submit, start, end = reader.read_batch(offsets, lengths, groups)
                 per_seg = end.reshape(batch, len(chunks)).max(axis=1)  # [B]
                 seg_lat.append(per_seg - submit)
@@ -504,7 +442,7 @@ def _split_cell(
                 nbytes += int(lengths.sum())
         finally:
             reader.close()
-        runs.append(Timing(np.concatenate(seg_lat), last - first, nbytes))
+        runs.append(Timing(np.concatenate(seg_lat), last - first, nbytes, mean(cached)))
     return runs
 
 
@@ -631,7 +569,7 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
             storage_label=storage.label(),
             scratch=settings.path is None,
             cache_mode=settings.cache_mode,
-            reader=reader_name(),
+            reader=READER,
         )
         with _signals_raise():
             for t in settings.threads:

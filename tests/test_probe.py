@@ -222,6 +222,7 @@ def test_probe_smoke_on_scratch_file(disk_dir, cache_mode):
     for s in result.levels + result.small:
         assert s.reads == SMOKE["reads"] * (4 if s.size == 4096 else 1)
         assert 0 < s.median_ms <= s.p90_ms and s.mean_ms > 0 and s.mb_s > 0 and s.iops > 0
+        assert s.cached < 0.05  # flushed and dropped: the reads reach the device
         # T workers each run their reads one after another, so the reads' summed latency
         # fits in T x wall time: aggregate MB/s <= T x size / mean latency
         assert s.mb_s <= s.threads * s.size / 1e6 / (s.mean_ms / 1e3) * (1 + 1e-9)

@@ -115,3 +115,22 @@ def test_memory_filesystem_is_refused(capsys):
     finally:
         f.unlink()
     one_line_error(code, err, "tmpfs", "RAM")
+
+
+def test_model_sets_read_size_and_batch_from_its_experts(disk_dir, capsys):
+    from gguf_builders import Layout, write_model
+
+    from sdq.gguf import open_model
+
+    path, _ = write_model(disk_dir / "m.gguf", Layout(n_embd=256, expert_ffn=256, n_expert=8))
+    model = open_model(path)
+    code, out, err = run_cli(
+        ["--model", str(path), "--threads", "1,2", "--reads", "4", "--split", "1,2", "--json"],
+        capsys,
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["settings"]["size"] == int(model.experts.nbytes.max())
+    assert data["settings"]["split_batch"] == 3 * model.spec.n_expert_used
+    assert {c["batch"] for c in data["split"]} == {1, 3 * model.spec.n_expert_used}
+    assert path.exists()  # a given file is read, never removed

@@ -138,8 +138,11 @@ def format_report(result, rec) -> str:
             f"{r.batch:>7} {r.split:>5} {r.median_ms:>10.3f} {r.mean_ms:>9.3f} {r.p90_ms:>8.3f} "
             f"{r.mb_s:>8.0f}"
         )
+    cached = max(r.cached for r in result.levels + result.small + result.split)
     lines += [
         "",
+        f"page cache before the reads: at most {100 * cached:.1f}% of the pages read were cached"
+        + ("" if cached < 0.01 else " -- WARNING: part of these figures is memory, not device"),
         f"recommendation: io_threads={rec.io_threads} io_split={rec.io_split} ({rec.why})",
         f"took {result.seconds:.1f} s",
     ]
