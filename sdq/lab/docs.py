@@ -189,7 +189,7 @@ def _notebook_list(site: Site, pages: dict[str, str]) -> str:
     rows = ["| notebook | page | outputs |", "| --- | --- | --- |"]
     for path in notebook_paths(site.root / "notebooks"):
         stem = path.stem
-        title = read_notebook(path).title
+        title = f"[{read_notebook(path).title}](../notebooks/{path.name})"
         page = f"[{stem}.md]({stem}.md)" if stem in pages else "no docs template yet"
         p = _provenance(site, stem)
         if p is None:
@@ -197,7 +197,7 @@ def _notebook_list(site: Site, pages: dict[str, str]) -> str:
         else:
             link = f"[{site.rel(site.out(stem))}/](../{site.rel(site.out(stem))}/)"
             status = f"{link}, {p.get('date_utc', '?')[:10]}, {p.get('duration_s', '?')} s"
-        rows.append(f"| {stem}: {title} | {page} | {status} |")
+        rows.append(f"| {title} | {page} | {status} |")
     return "\n".join(rows)
 
 

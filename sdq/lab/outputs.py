@@ -91,7 +91,9 @@ class Outputs:
     def value(self, name: str, v: Any) -> Any:
         """Record a single number (or short string) quoted in prose as {{value:name}}."""
         _check_name("value name", name)
-        jv = to_json_value(v)
+        if isinstance(v, list | tuple | dict | set):
+            raise LabError(f"value {name}: must be a number or string, got {type(v).__name__}")
+        jv = to_json_value(v) if getattr(v, "ndim", 0) == 0 else v
         if not isinstance(jv, int | float | str | bool) and jv is not None:
             raise LabError(f"value {name}: must be a number or string, got {type(v).__name__}")
         path = self.dir / "values.json"

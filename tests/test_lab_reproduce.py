@@ -1,0 +1,90 @@
+"""The reproduce runner: papermill into a staging folder, renamed only when a notebook succeeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lab_support import make_notebook, make_repo
+
+from sdq.errors import LabError
+from sdq.lab import reproduce
+from sdq.lab.params import load_params
+
+OK_CELL = """import pandas as pd
+from sdq.lab import Outputs
+out = Outputs("00_ok", params_name)
+out.table("T1", pd.DataFrame({"n": [n]}), title="n")
+out.value("model", model_path)"""
+FAILING = ("boom = 1\n", "x = 1", "if boom:\n    raise ValueError(f'boom {boom}')")
+PARAMS = "model: {preset: tiny, qtype: Q4_K_M, seed: 0}\n00_ok: {n: 7}\n01_fails: {boom: 2}\n"
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = make_repo(
+        tmp_path, {"smoke": PARAMS}, {"00_ok": ("n = 1\n", OK_CELL), "01_fails": FAILING}
+    )
+    (root / "model.gguf").write_bytes(b"GGUF")
+    return root
+
+
+@pytest.mark.slow
+def test_runs_every_notebook_and_reports_the_failing_cell(repo):
+    params = load_params("smoke", root=repo)
+    lines: list[str] = []
+    results = reproduce.run(params, root=repo, model_path=repo / "model.gguf", log=lines.append)
+    ok, failed = results
+    outputs = repo / "outputs"
+
+    assert ok.ok and ok.output_dir == outputs / "00_ok" / "smoke"
+    table = json.loads((ok.output_dir / "tables" / "T1.json").read_text())
+    assert table["records"] == [{"n": 7}]  # the section's value reached the notebook
+    values = json.loads((ok.output_dir / "values.json").read_text())
+    assert values["model"] == str(repo / "model.gguf")
+    prov = json.loads((ok.output_dir / "provenance.json").read_text())
+    assert prov["params"]["00_ok"] == {"n": 7} and prov["executed_notebook"]["kept"]
+    executed = json.loads((ok.output_dir / "00_ok.ipynb").read_text())
+    assert all(c["execution_count"] for c in executed["cells"] if c["cell_type"] == "code")
+
+    # the failure names the cell as numbered in the source notebook, in one line
+    assert not failed.ok
+    assert failed.error == "01_fails.ipynb: cell 4 (`if boom:`) raised ValueError: boom 2"
+    assert not (outputs / "01_fails" / "smoke").exists()  # never looks finished
+    assert (outputs / "01_fails" / "smoke.failed" / "01_fails.ipynb").exists()
+    assert [p.name for p in outputs.iterdir() if p.name.startswith(".")] == []  # staging gone
+    assert any("01_fails: FAILED" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_a_failed_rerun_keeps_the_previous_outputs(repo):
+    params = load_params("smoke", root=repo)
+    (result,) = reproduce.run(
+        params, only=["00_ok"], root=repo, model_path=repo / "model.gguf", log=lambda s: None
+    )
+    assert result.ok
+    before = (result.output_dir / "tables" / "T1.json").read_bytes()
+    make_notebook(repo / "notebooks" / "00_ok.ipynb", "n = 1\n", OK_CELL + "\n1 / 0")
+    (again,) = reproduce.run(
+        params, only=["00_ok"], root=repo, model_path=repo / "model.gguf", log=lambda s: None
+    )
+    assert not again.ok and "ZeroDivisionError" in again.error
+    assert (result.output_dir / "tables" / "T1.json").read_bytes() == before
+
+
+def test_unknown_notebook_and_missing_section_fail_before_running(repo):
+    params = load_params("smoke", root=repo)
+    with pytest.raises(
+        LabError, match=r"--only 07_x: no such notebook \(notebooks/: 00_ok, 01_fails\)"
+    ):
+        reproduce.run(params, only=["07_x"], root=repo, model_path=repo / "model.gguf")
+    (repo / "params" / "bare.yaml").write_text("model: {preset: tiny, qtype: Q4_K_M, seed: 0}\n")
+    bare = load_params("bare", root=repo)
+    with pytest.raises(Exception, match="no section for notebook 00_ok"):
+        reproduce.run(bare, root=repo, model_path=repo / "model.gguf")
+
+
+def test_cli_unknown_params_is_exit_2(capsys):
+    assert reproduce.main(["--params", "no-such-set"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reproduce: error: params/no-such-set.yaml: no such parameter set")
