@@ -173,7 +173,9 @@ class ResidentExperts:
 class _ResidentHandle:
     def __init__(self, parts, ids):
         self.parts, self.ids = parts, ids
-        self.hit = [True] * len(ids)
+
+    def ready_order(self) -> list[int]:
+        return list(range(len(self.ids)))
 
     def wait(self, i: int) -> None:
         pass
@@ -242,7 +244,7 @@ class Engine:
         }
         self._layer = -1
         self.timers = Timers()
-        self.route_log = None  # callable(phase, pos0, layer, ids[T,K], weights[T,K], tokens[T])
+        self.route_log = None  # sdq.pager.RouteLog: one JSON line per token and layer
         self.phase = "prefill"
         self.n_past = 0
         Dh = spec.head_dim
@@ -275,7 +277,6 @@ class Engine:
         if int(tokens.max()) >= self.spec.n_vocab or int(tokens.min()) < 0:
             raise SdqError(f"token id out of range 0..{self.spec.n_vocab - 1}")
         t0 = time.perf_counter()
-        self._tokens = tokens
         ws, w = self.ws, self.weights
         x = ws.x[:T]  # [T, D]
         for t, tok in enumerate(tokens):
@@ -340,25 +341,28 @@ class Engine:
         ids, weights = ws.topk_ids[:T], ws.topk_w[:T]  # [T, K]
         _softmax_topk(router, K, s.norm_topk_prob, ids, weights)
         if self.route_log is not None:
-            self.route_log(self.phase, self.n_past, il, ids, weights, self._tokens)
+            self.route_log.write_batch(self.phase, self.n_past, il, ids, weights)
         union = np.unique(ids)  # [U]
         t1 = time.perf_counter()
         self.timers.add("router", t1 - t0)
 
         self._layer = il
-        handle = self.experts.acquire(il, union)
-        try:
-            out = ws.ffn_out[:T]  # [T, D]
-            out[:] = 0.0
-            order = _hits_first(handle, len(union))
-            wait_s = 0.0
-            for i in order:
-                tw = time.perf_counter()
-                handle.wait(i)
-                wait_s += time.perf_counter() - tw
-                self._expert(int(union[i]), handle.views(i), ids, weights, T)
-        finally:
-            self.experts.release(handle)
+        out = ws.ffn_out[:T]  # [T, D]
+        out[:] = 0.0
+        wait_s = 0.0
+        # a prefill ubatch may route to more experts than the arena can pin at once
+        step = int(getattr(self.experts, "max_acquire", len(union)) or len(union))
+        for c in range(0, len(union), step):
+            chunk = union[c : c + step]
+            handle = self.experts.acquire(il, chunk)
+            try:
+                for i in _ready_order(handle, len(chunk)):
+                    tw = time.perf_counter()
+                    handle.wait(i)
+                    wait_s += time.perf_counter() - tw
+                    self._expert(int(chunk[i]), handle.views(i), ids, weights, T)
+            finally:
+                self.experts.release(handle)
         x += out
         t2 = time.perf_counter()
         self.timers.add("io_wait", wait_s)
@@ -398,13 +402,11 @@ def _expert_shapes(spec):
     return (F, D), (F, D), (D, F)  # gate, up: [F, D]; down: [D, F]
 
 
-def _hits_first(handle, n: int) -> list[int]:
+def _ready_order(handle, n: int) -> list[int]:
     """Order in which to compute a layer's experts: those already in RAM first, so that the
     compute overlaps the reads of the misses."""
-    hit = getattr(handle, "hit", None)
-    if hit is None:
-        return list(range(n))
-    return [i for i in range(n) if hit[i]] + [i for i in range(n) if not hit[i]]
+    order = getattr(handle, "ready_order", None)
+    return order() if order is not None else list(range(n))
 
 
 # --- NumPy ops (the Numba versions in sdq.kernels.ops replace these where present) --------

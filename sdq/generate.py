@@ -18,12 +18,9 @@ token is a stop token or n = 1).
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -178,32 +175,3 @@ def _per_token(timers: dict, wall_s: float, n: int) -> dict:
     ms["other"] = wall_s * 1e3 / n - covered
     ms["total"] = wall_s * 1e3 / n
     return ms
-
-
-class RouteLog:
-    """Writes the experts each token chose, per layer, as JSON lines (sdq.analysis reads them).
-
-    Header line {"model", "n_expert", "top_k"}; then one line per token and layer
-    {"phase", "pos", "layer", "experts", "weights", "token"}. Written to PATH.tmp and renamed
-    to PATH on close, so a crashed run leaves no half file under the final name.
-    """
-
-    def __init__(self, path: str | Path, model_name: str, n_expert: int, top_k: int):
-        self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
-        self.f = open(self.tmp, "w", encoding="utf-8")
-        header = {"model": model_name, "n_expert": n_expert, "top_k": top_k}
-        self.f.write(json.dumps(header) + "\n")
-
-    def __call__(self, phase: str, pos0: int, layer: int, ids, weights, tokens) -> None:
-        """ids, weights [T, K] of the ubatch's T tokens at positions pos0.. ; tokens [T]."""
-        for t in range(ids.shape[0]):
-            rec = {"phase": phase, "pos": pos0 + t, "layer": layer}
-            rec["experts"] = [int(e) for e in ids[t]]
-            rec["weights"] = [round(float(w), 6) for w in weights[t]]
-            rec["token"] = int(tokens[t])
-            self.f.write(json.dumps(rec) + "\n")
-
-    def close(self) -> None:
-        self.f.close()
-        os.replace(self.tmp, self.path)

@@ -87,26 +87,29 @@ class Session:
             budget = s.ram_budget_mb
             if budget is None:
                 budget = psutil.virtual_memory().available / MIB
+            io_threads = s.io_threads or 3 * s.threads
             kw = {} if s.reserve_mb is None else {"reserve_mb": s.reserve_mb}
-            self.plan = plan_memory(model, budget, s.n_ctx, s.n_ubatch, **kw)
+            self.plan = plan_memory(
+                model,
+                budget,
+                s.n_ctx,
+                s.n_ubatch,
+                cache_mode=s.cache_mode,
+                io_threads=io_threads,
+                **kw,
+            )
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch)
             weights = DenseWeights.load(model)
             io = IOSettings(
-                threads=s.io_threads or 3 * s.threads,
-                mode=s.io_mode,
-                split=s.io_split,
-                cache_mode=s.cache_mode,
+                threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
             )
             experts = ExpertCache(model, self.plan, io=io, settings=CacheSettings())
         self.experts = experts
         self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
         if s.route_log:
-            from sdq.generate import RouteLog
+            from sdq.pager import RouteLog
 
-            spec = model.spec
-            self.route_log = RouteLog(
-                s.route_log, model.path.name, spec.n_expert, spec.n_expert_used
-            )
+            self.route_log = RouteLog(s.route_log)
             self.engine.route_log = self.route_log
 
     def generate(self, prompt_ids, on_text=None):
@@ -131,8 +134,8 @@ class Session:
     def settings_dict(self) -> dict:
         d = asdict(self.settings)
         d["sampler"] = asdict(self.settings.sampler)
-        if self.plan is not None and hasattr(self.plan, "__dataclass_fields__"):
-            d["plan"] = asdict(self.plan)
+        if self.plan is not None:
+            d["plan"] = self.plan.to_dict()
         return d
 
     def close(self) -> None:
