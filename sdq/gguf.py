@@ -503,6 +503,13 @@ def _expert_table(path: Path, tensors: dict[str, TensorInfo], n_layer: int, n_em
     )
 
 
+def _printable(value):
+    """Metadata strings keep undecodable bytes as surrogates; show them as U+FFFD instead."""
+    if not isinstance(value, str):
+        return None
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _ranges(layers) -> str:
     layers = list(layers)
     if not layers:
@@ -586,7 +593,7 @@ def anatomy(model: Model) -> dict[str, Any]:
         "gguf_version": model.header.version,
         "alignment": model.header.alignment,
         "data_offset": model.header.data_offset,
-        "name": model.metadata.get("general.name"),
+        "name": _printable(model.metadata.get("general.name")),
         "file_type": model.metadata.get("general.file_type"),
         "spec": asdict(spec),
         "n_tensors": len(tensors),

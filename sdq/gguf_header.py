@@ -94,8 +94,8 @@ class _Short(Exception):
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer."""
 
-    def __init__(self, buf, size: int):
-        self.buf, self.size, self.pos = buf, size, 0
+    def __init__(self, path: Path, buf, size: int):
+        self.path, self.buf, self.size, self.pos = path, buf, size, 0
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -126,14 +126,15 @@ class _Cursor:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
-            raise GGUFError(f"{what} at offset {self.pos - len(data)} is not UTF-8") from None
+            at = self.pos - len(data)
+            raise GGUFError(f"{self.path}: {what} at offset {at} is not UTF-8") from None
 
 
-def _value_type(raw: int, where: str) -> GGUFValueType:
+def _value_type(cur: _Cursor, raw: int, key: str) -> GGUFValueType:
     try:
         return GGUFValueType(raw)
     except ValueError:
-        raise GGUFError(f"{where}: unknown metadata value type {raw}") from None
+        raise GGUFError(f"{cur.path}: metadata {key}: unknown value type {raw}") from None
 
 
 def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0) -> Any:
@@ -143,8 +144,10 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0) ->
     if vtype != V.ARRAY:
         return cur.scalar(vtype, f"value of {key}")
     if depth >= MAX_ARRAY_NESTING:
-        raise GGUFError(f"metadata {key}: arrays nested deeper than {MAX_ARRAY_NESTING}")
-    item_type = _value_type(cur.u32(f"array type of {key}"), f"metadata {key}")
+        raise GGUFError(
+            f"{cur.path}: metadata {key}: arrays nested deeper than {MAX_ARRAY_NESTING}"
+        )
+    item_type = _value_type(cur, cur.u32(f"array type of {key}"), key)
     count = cur.u64(f"array length of {key}")
     if item_type in _ARRAY_DTYPES:
         dtype = np.dtype(_ARRAY_DTYPES[item_type])
@@ -198,7 +201,7 @@ def read_header(path: str | os.PathLike) -> Header:
 
 
 def _parse(path: Path, buf, size: int) -> Header:
-    cur = _Cursor(buf, size)
+    cur = _Cursor(path, buf, size)
     magic = cur.scalar(V.UINT32, "magic")
     if magic != GGUF_MAGIC:
         raise GGUFError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')")
@@ -216,7 +219,7 @@ def _parse(path: Path, buf, size: int) -> Header:
     value_types: dict[str, GGUFValueType] = {}
     for i in range(n_kv):
         key = cur.text(f"metadata key #{i}")
-        vtype = _value_type(cur.u32(f"value type of {key}"), f"metadata {key}")
+        vtype = _value_type(cur, cur.u32(f"value type of {key}"), key)
         if key in metadata:
             raise GGUFError(f"{path}: metadata key {key!r} appears twice")
         metadata[key] = _read_value(cur, vtype, key)
