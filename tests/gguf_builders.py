@@ -25,7 +25,7 @@ class Layout:
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 4
-    n_head_kv: int = 2
+    n_head_kv: int | list = 2  # a list: per-layer values, as hybrids store them
     head_dim: int = 16
     n_expert: int = 4  # 0: dense model
     n_used: int = 2
@@ -40,6 +40,7 @@ class Layout:
     expert_qtypes: tuple = (Q.Q8_0, Q.Q8_0, Q.Q8_0)  # gate, up, down
     dense_qtype: GGMLQuantizationType = Q.F16
     extra_kv: dict = field(default_factory=dict)
+    extra_tensors: dict = field(default_factory=dict)  # name -> (NumPy shape, qtype)
 
 
 def _tensor(rng, shape_np: tuple[int, ...], qtype: GGMLQuantizationType) -> np.ndarray:
@@ -60,6 +61,7 @@ def write_model(path: Path, lay: Layout, seed: int = 0) -> tuple[Path, dict[str,
     """Write a model; returns (path, {tensor name: array as written}) for routed experts."""
     rng = np.random.default_rng(seed)
     D, F, E = lay.n_embd, lay.expert_ffn, lay.n_expert
+    n_kv = max(lay.n_head_kv) if isinstance(lay.n_head_kv, list) else lay.n_head_kv
     w = GGUFWriter(path, lay.arch)
     n_block = lay.n_layer + lay.nextn
     w.add_block_count(n_block)
@@ -100,8 +102,8 @@ def write_model(path: Path, lay: Layout, seed: int = 0) -> tuple[Path, dict[str,
         b = f"blk.{i}"
         add(f"{b}.attn_norm.weight", (D,), Q.F32)
         add(f"{b}.attn_q.weight", (lay.n_head * lay.head_dim, D), lay.dense_qtype)
-        add(f"{b}.attn_k.weight", (lay.n_head_kv * lay.head_dim, D), lay.dense_qtype)
-        add(f"{b}.attn_v.weight", (lay.n_head_kv * lay.head_dim, D), lay.dense_qtype)
+        add(f"{b}.attn_k.weight", (n_kv * lay.head_dim, D), lay.dense_qtype)
+        add(f"{b}.attn_v.weight", (n_kv * lay.head_dim, D), lay.dense_qtype)
         add(f"{b}.attn_output.weight", (D, lay.n_head * lay.head_dim), lay.dense_qtype)
         add(f"{b}.ffn_norm.weight", (D,), Q.F32)
         if i >= lay.n_layer:
@@ -126,6 +128,8 @@ def write_model(path: Path, lay: Layout, seed: int = 0) -> tuple[Path, dict[str,
             add(f"{b}.ffn_gate_shexp.weight", (lay.shared_ffn, D), lay.dense_qtype)
             add(f"{b}.ffn_up_shexp.weight", (lay.shared_ffn, D), lay.dense_qtype)
             add(f"{b}.ffn_down_shexp.weight", (D, lay.shared_ffn), lay.dense_qtype)
+    for name, (shape_np, qtype) in lay.extra_tensors.items():
+        add(name, shape_np, qtype)
     add("output_norm.weight", (D,), Q.F32)
     if not lay.tied:
         add("output.weight", (lay.n_vocab, D), lay.dense_qtype)

@@ -267,3 +267,60 @@ def test_open_is_fast_with_a_real_sized_vocabulary(tmp_path):
     assert m.spec.n_vocab == n and len(m.metadata["tokenizer.ggml.merges"]) == n - 549
     assert m.metadata["tokenizer.ggml.tokens"][12345] == "tok12345"
     assert elapsed < 3.0
+
+
+def test_hybrid_per_layer_metadata_and_linear_attention(tmp_path):
+    # qwen35moe-style: per-layer head_count_kv (0 in linear-attention layers), ssm_* tensors
+    vt = gguf.GGUFValueType
+    path, routed = build(
+        tmp_path,
+        arch="qwen35moe",
+        n_layer=4,
+        n_head_kv=[0, 0, 0, 2],
+        fused_gate_up=True,
+        extra_kv={"qwen35moe.full_attention_interval": (4, vt.UINT32)},
+        extra_tensors={f"blk.{i}.ssm_out.weight": ((64, 64), Q.F16) for i in range(3)},
+    )
+    m = open_model(path)
+    assert m.spec.n_head_kv == 2 and m.spec.moe_layers == (0, 1, 2, 3)
+    assert m.metadata["qwen35moe.attention.head_count_kv"] == [0, 0, 0, 2]
+    assert anatomy(m)["tensor_classes"]["linear_attention"]["count"] == 3
+    check_offsets(m, routed, fused_f=32)
+
+
+def test_gpt_oss_expert_biases_stay_resident(tmp_path):
+    biases = {
+        f"blk.{i}.ffn_{p}_exps.bias": ((4, n), Q.F32)
+        for i in range(2)
+        for p, n in (("gate", 32), ("up", 32), ("down", 64))
+    }
+    path, routed = build(tmp_path, arch="gpt-oss", extra_tensors=biases)
+    m = open_model(path)
+    check_offsets(m, routed)
+    classes = anatomy(m)["tensor_classes"]
+    assert classes["routed_expert_extras"]["count"] == 6
+    assert classes["routed_experts"]["bytes"] == m.experts.total_bytes == m.routed_bytes
+
+
+@pytest.mark.parametrize(
+    "name, role",
+    [
+        ("blk.3.ffn_gate_up_exps.weight", "routed_experts"),
+        ("blk.3.ffn_down_exps.bias", "routed_expert_extras"),
+        ("blk.3.ffn_gate_inp.weight", "router"),
+        ("blk.3.exp_probs_b.bias", "router"),
+        ("blk.3.ffn_gate_inp_shexp.weight", "shared_expert"),
+        ("blk.3.ffn_down_shexp.weight", "shared_expert"),
+        ("blk.3.attn_q_norm.weight", "norms"),
+        ("blk.3.attn_qkv.weight", "attention"),
+        ("blk.3.ssm_conv1d.weight", "linear_attention"),
+        ("blk.3.ffn_up.weight", "dense_ffn"),
+        ("token_embd.weight", "embeddings"),
+        ("output.weight", "output"),
+        ("blk.3.nextn.eh_proj.weight", "mtp"),
+        ("blk.9.attn_q.weight", "mtp"),
+        ("rope_freqs.weight", "other"),
+    ],
+)
+def test_tensor_class(name, role):
+    assert tensor_class(name, n_layer=8) == role
