@@ -52,6 +52,7 @@ def test_runs_every_notebook_and_reports_the_failing_cell(repo):
     assert failed.error == "01_fails.ipynb: cell 4 (`if boom:`) raised ValueError: boom 2"
     assert not (outputs / "01_fails" / "smoke").exists()  # never looks finished
     assert (outputs / "01_fails" / "smoke.failed" / "01_fails.ipynb").exists()
+    assert (outputs / "01_fails" / "smoke.failed" / "error.txt").read_text() == failed.error + "\n"
     assert [p.name for p in outputs.iterdir() if p.name.startswith(".")] == []  # staging gone
     assert any("01_fails: FAILED" in line for line in lines)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdq.errors import LabError, SdqError
-from sdq.lab import provenance, runner
+from sdq.lab import atomic, provenance, runner
 from sdq.lab.notebooks import notebook_paths
 from sdq.lab.params import ModelParams, Params, load_params
 from sdq.lab.paths import repo_root
@@ -69,6 +69,7 @@ def run(
     outputs_root: Path | None = None,
     model_path: Path | None = None,
     log: Callable[[str], None] = print,
+    max_executed_bytes: int | None = MAX_EXECUTED_BYTES,
 ) -> list[NotebookResult]:
     """Run the selected notebooks; return one result per notebook (failures included)."""
     root = root or repo_root()
@@ -86,7 +87,7 @@ def run(
     results = []
     for i, nb in enumerate(notebooks, 1):
         log(f"[{i}/{len(notebooks)}] {nb.stem} ({params.name}) ...")
-        result = run_one(nb, params, outputs_root, Path(model_path), root)
+        result = run_one(nb, params, outputs_root, Path(model_path), max_executed_bytes)
         status = "ok" if result.ok else "FAILED"
         log(
             f"[{i}/{len(notebooks)}] {nb.stem}: {status} in {result.seconds:.1f} s "
@@ -99,8 +100,13 @@ def run(
 
 
 def run_one(
-    nb: Path, params: Params, outputs_root: Path, model_path: Path, root: Path
+    nb: Path,
+    params: Params,
+    outputs_root: Path,
+    model_path: Path,
+    max_executed_bytes: int | None = MAX_EXECUTED_BYTES,
 ) -> NotebookResult:
+    """Run one notebook into staging; on success rename it to outputs/<stem>/<params>/."""
     stem = nb.stem
     staging_root = outputs_root / f".staging-{stem}-{params.name}-{os.getpid()}"
     staged = staging_root / stem / params.name
@@ -115,9 +121,10 @@ def run_one(
             execution = runner.execute(nb, staged / f"{stem}.ipynb", parameters, staging_root)
         except LabError as exc:
             seconds = time.perf_counter() - started
+            atomic.write_text(staged / "error.txt", str(exc) + "\n")
             _replace_dir(staged, failed)
             return NotebookResult(stem, False, seconds, failed, str(exc))
-        executed = _keep_or_drop_executed(execution.executed_path)
+        executed = _keep_or_drop_executed(execution.executed_path, max_executed_bytes)
         record = provenance.collect(
             params={"name": params.name, "model": params.to_dict()["model"], stem: section},
             notebook=stem,
@@ -137,17 +144,17 @@ def run_one(
         shutil.rmtree(staging_root, ignore_errors=True)
 
 
-def _keep_or_drop_executed(path: Path) -> dict:
+def _keep_or_drop_executed(path: Path, limit: int | None) -> dict:
     size = path.stat().st_size
-    if size < MAX_EXECUTED_BYTES:
+    if limit is None or size < limit:
         return {"file": path.name, "bytes": size, "kept": True}
     path.unlink()
     return {
         "file": path.name,
         "bytes": size,
         "kept": False,
-        "note": f"executed notebook was {size / 2**20:.1f} MiB, over the 2 MiB limit: "
-        "not kept; run `make reproduce` to see it",
+        "note": f"executed notebook was {size / 2**20:.1f} MiB, over the "
+        f"{limit / 2**20:.0f} MiB limit: not kept",
     }
 
 
