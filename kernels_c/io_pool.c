@@ -58,8 +58,12 @@ void sdq_run_read(sdq_read *r, int flags) {
         }
         r->done += n;
     }
-    if ((flags & SDQ_FLAG_DONTNEED) && r->done > 0)
-        posix_fadvise(r->fd, (off_t)r->offset, (off_t)r->done, POSIX_FADV_DONTNEED);
+    if ((flags & SDQ_FLAG_DONTNEED) && r->done > 0) {
+        /* whole pages: the kernel keeps a partially covered page at either end */
+        int64_t lo = r->offset / SDQ_DIRECT_ALIGN * SDQ_DIRECT_ALIGN;
+        int64_t hi = (r->offset + r->done + SDQ_DIRECT_ALIGN - 1) / SDQ_DIRECT_ALIGN * SDQ_DIRECT_ALIGN;
+        posix_fadvise(r->fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
+    }
     r->end_ns = sdq_now_ns();
 }
 

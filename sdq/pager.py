@@ -1,0 +1,651 @@
+"""The expert pager: a fixed RAM arena of expert slots and the cache that fills it from disk.
+
+Dimension key: L MoE layers, E experts per layer, K experts requested at once, P = 3 parts
+(gate, up, down).
+
+Use (the engine):
+
+    cache = ExpertCache(model, plan, io=IOSettings(threads=8, mode="parallel"),
+                        settings=CacheSettings(scope="global", min_hits=1))
+    h = cache.acquire(layer, expert_ids)     # submits every miss at once, returns at once
+    for i in h.ready_order():                # hits first, then misses in submission order
+        h.wait(i)                            # no-op for a hit; blocks (GIL released) for a miss
+        gate, up, down = h.views(i)          # uint8 [rows, row_bytes] raw quantized bytes
+        ...
+    cache.release(h)                         # unpins; views must not be used afterwards
+    cache.log_route("decode", pos, layer, expert_ids, weights)   # when a route log is set
+    cache.stats                              # counters, see ExpertCache.stats
+    cache.close()
+
+`layer` is the model's layer number; expert ids must be distinct within one acquire and at
+most `cache.max_acquire` of them (the slots one layer can hold at once; prefill with a large
+union of experts acquires in chunks of that size).
+
+Policy.
+  scope "global": one LRU over every slot; scope "layer": each MoE layer owns an equal share of
+  the slots and its own LRU.
+  Pinning: every expert of an acquire is pinned until release; a pinned slot is never evicted.
+  When no slot can be evicted the acquire fails with PlanError (all slots pinned).
+  Admission (seed SDQ_ADMIT_MIN_HITS): a missing expert takes a slot only on its min_hits-th
+  lookup; before that it is read into a scratch slot (counted as `bypassed`) and forgotten.
+  Hot pinning (seed SDQ_HOT_PIN): the first `hot_pin` entries of a (layer, expert) ranking are
+  read at start and stay pinned for the whole run, outside the LRU.
+  Prefetch: `prefetch(layer, ids)` reads experts into free or evictable slots without pinning
+  them and without counting lookups; a later acquire finds them as hits.
+  Several Python threads may acquire and release concurrently: the bookkeeping is under one
+  lock; waiting for reads happens outside it.
+
+Route log (CacheSettings.route_log or RouteLog(path)): JSON lines, one per token and layer,
+    {"phase": "prefill" | "decode", "pos": int, "layer": int, "experts": [int, ...],
+     "weights": [float, ...]}
+pos is the token's position in the sequence (0-based), layer the model layer number, experts
+the router's top-k ids in router order and weights their mixing weights (same order, rounded to
+6 digits; omitted as [] when unknown). The file is written to PATH.tmp and renamed on close.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sdq.errors import ParamsError, PlanError, ReadError
+from sdq.expert_io import ExpertReader, IOSettings, ReadBatch, SlotLayout
+
+__all__ = [
+    "Arena",
+    "CacheSettings",
+    "ExpertCache",
+    "ExpertHandle",
+    "IOSettings",
+    "RouteLog",
+]
+
+SCOPES = ("global", "layer")
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    scope: str = "global"  # "global" LRU or one LRU per "layer"
+    min_hits: int = 1  # admission: take a slot on the min_hits-th lookup (1 = always)
+    hot: tuple[tuple[int, int], ...] = ()  # (layer, expert) ranking, most used first
+    hot_pin: int = 0  # pin the first hot_pin entries of `hot` for the whole run
+    route_log: str | None = None  # JSON-lines route log path
+
+    def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ParamsError(f"cache scope {self.scope!r}: expected one of {', '.join(SCOPES)}")
+        if self.min_hits < 1:
+            raise ParamsError(f"min_hits {self.min_hits}: expected >= 1")
+        if self.hot_pin < 0 or self.hot_pin > len(self.hot):
+            raise ParamsError(f"hot_pin {self.hot_pin}: the ranking has {len(self.hot)} entries")
+
+
+class Arena:
+    """One anonymous mapping cut into `n_slots` slots of `slot_bytes` (page-aligned base)."""
+
+    def __init__(self, n_slots: int, slot_bytes: int):
+        if n_slots < 1 or slot_bytes < 1:
+            raise ValueError(f"arena needs slots and bytes, got {n_slots} x {slot_bytes}")
+        self.n_slots = n_slots
+        self.slot_bytes = slot_bytes
+        self._map = mmap.mmap(-1, n_slots * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.buf = np.frombuffer(self._map, dtype=np.uint8)  # [n_slots * slot_bytes]
+        self.base = self.buf.ctypes.data
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_slots * self.slot_bytes
+
+    def address(self, slot: int) -> int:
+        return self.base + slot * self.slot_bytes
+
+    def slot(self, slot: int) -> np.ndarray:
+        start = slot * self.slot_bytes
+        return self.buf[start : start + self.slot_bytes]  # [slot_bytes]
+
+    def close(self) -> None:
+        self.buf = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # views still alive: the mapping goes when they do
+
+
+class RouteLog:
+    """Writes route records as JSON lines (format in the module docstring)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._tmp = self.path + ".tmp"
+        self._file = open(self._tmp, "w", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, phase: str, pos: int, layer: int, experts, weights=()) -> None:
+        record = {
+            "phase": phase,
+            "pos": int(pos),
+            "layer": int(layer),
+            "experts": [int(e) for e in experts],
+            "weights": [round(float(w), 6) for w in weights],
+        }
+        line = json.dumps(record, separators=(", ", ": ")) + "\n"
+        with self._lock:
+            self._file.write(line)
+
+    def write_batch(self, phase: str, pos0: int, layer: int, ids, weights=None) -> None:
+        """One record per token: ids int [T, K], weights float [T, K] or None; pos0 + t."""
+        ids = np.asarray(ids)
+        for t in range(ids.shape[0]):
+            self.write(phase, pos0 + t, layer, ids[t], () if weights is None else weights[t])
+
+    def __call__(self, phase: str, pos0: int, layer: int, ids, weights=None, tokens=None):
+        """The engine's route-log hook: one record per token of ids [T, K] (tokens unused)."""
+        self.write_batch(phase, pos0, layer, ids, weights)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+                os.replace(self._tmp, self.path)
+
+
+@dataclass(eq=False)
+class _Entry:
+    key: tuple[int, int]  # (table row, expert)
+    slot: int
+    pins: int = 0
+    hot: bool = False
+    prefetched: bool = False
+    pending: tuple[ReadBatch, int] | None = None  # (batch, group) while the read may run
+    dropped: bool = False  # its read failed: forgotten; the slot frees at the last release
+
+
+@dataclass(eq=False)
+class ExpertHandle:
+    """The experts of one acquire: slots, hit flags and the reads still to wait for."""
+
+    layer: int
+    experts: tuple[int, ...]
+    hits: tuple[bool, ...]  # True: found in the arena (maybe still loading from a prefetch)
+    _slots: list[int]
+    _waits: list[tuple[ReadBatch, int] | None]
+    _entries: list[_Entry | None]  # None for a bypassed (scratch) expert
+    _cache: ExpertCache = field(repr=False)
+    released: bool = False
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+    @property
+    def hit(self) -> tuple[bool, ...]:
+        return self.hits
+
+    def ready_order(self) -> list[int]:
+        """Indices with nothing to wait for first, then the rest in submission order."""
+        return sorted(range(len(self.experts)), key=lambda i: self._waits[i] is not None)
+
+    def wait(self, i: int) -> None:
+        """Blocks until expert i's bytes are in its slot; raises ReadError if its read failed."""
+        pending = self._waits[i]
+        if pending is None:
+            return
+        self._cache._wait(self, i, pending)
+
+    def wait_all(self) -> None:
+        for i in range(len(self.experts)):
+            self.wait(i)
+
+    def slot(self, i: int) -> int:
+        return self._slots[i]
+
+    def views(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(gate, up, down) raw bytes of expert i: uint8 [rows, row_bytes] views of the arena."""
+        return self._cache._views(self.layer, self.experts[i], self._slots[i])
+
+
+class ExpertCache:
+    """LRU cache of routed experts in an Arena, filled through ExpertReader (module docstring)."""
+
+    def __init__(self, model, plan, io: IOSettings | None = None, settings=None):
+        self.io = io or IOSettings()
+        self.settings = settings or CacheSettings()
+        self.table = model.require_experts() if hasattr(model, "require_experts") else model.experts
+        self.K = int(model.spec.n_expert_used)
+        self.layout = SlotLayout.for_table(self.table, self.io.cache_mode)
+        if self.layout.slot_bytes > plan.slot_bytes:
+            raise PlanError(
+                f"the plan's slots hold {plan.slot_bytes} bytes but cache mode "
+                f"{self.io.cache_mode} needs {self.layout.slot_bytes}: plan with that cache mode"
+            )
+        s = self.settings
+        n_layers = len(self.table.layers)
+        n_scratch = self.K if s.min_hits > 1 else 0
+        n_lru = plan.slots - n_scratch - s.hot_pin
+        per_scope_min = self.K * (n_layers if s.scope == "layer" else 1)
+        if n_lru < per_scope_min:
+            need = per_scope_min + n_scratch + s.hot_pin
+            raise PlanError(
+                f"{plan.slots} slots cannot hold {per_scope_min} LRU slots "
+                f"({s.scope} scope, K={self.K}) + {n_scratch} scratch + {s.hot_pin} hot pins: "
+                f"{need} slots needed, minimum budget "
+                f"{plan.budget_for_slots(need) / (1 << 20):.1f} MB"
+            )
+        self.plan = plan
+        self.arena = Arena(plan.slots, plan.slot_bytes)
+        self.reader = ExpertReader(model.path, self.table, self.layout, self.io)
+        self._lock = threading.Lock()
+        # slot pools: scope id -> free slots; scope id is 0 (global) or the table row
+        slots = list(range(plan.slots))
+        self._scratch = slots[:n_scratch]
+        hot_slots = slots[n_scratch : n_scratch + s.hot_pin]
+        lru_slots = slots[n_scratch + s.hot_pin :]
+        self._free: dict[int, list[int]] = {}
+        self._lru: dict[int, OrderedDict] = {}
+        if s.scope == "global":
+            self._free[0] = lru_slots[::-1]
+            self._lru[0] = OrderedDict()
+        else:
+            share = len(lru_slots) // n_layers
+            for r in range(n_layers):
+                self._free[r] = lru_slots[r * share : (r + 1) * share][::-1]
+                self._lru[r] = OrderedDict()
+        self.max_acquire = min(len(v) for v in self._free.values())
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._seen: dict[tuple[int, int], int] = {}
+        self._inflight: list[ReadBatch] = []
+        self._counters = dict.fromkeys(
+            (
+                "lookups",
+                "hits",
+                "misses",
+                "bypassed",
+                "evictions",
+                "inflight_hits",
+                "prefetches",
+                "prefetch_hits",
+                "read_errors",
+                "bytes_read",
+                "expert_bytes_read",
+            ),
+            0,
+        )
+        self._read_ns = 0
+        self._wait_ns = 0
+        self._layer_counts = np.zeros((n_layers, 3), dtype=np.int64)  # [L, (lookups, hits, misses)]
+        self.route_log = RouteLog(s.route_log) if s.route_log else None
+        self._closed = False
+        if s.hot_pin:
+            self._load_hot(hot_slots)
+
+    # ---------------------------------------------------------------- public API
+
+    def acquire(self, layer: int, expert_ids) -> ExpertHandle:
+        """Pins the experts, submits every miss in one batch and returns without waiting."""
+        row = self.table.row(layer)
+        ids = tuple(int(e) for e in expert_ids)
+        self._check_ids(ids)
+        with self._lock:
+            self._check_open()
+            self._harvest()
+            c = self._counters
+            slots: list[int] = []
+            waits: list[tuple[ReadBatch, int] | None] = []
+            entries: list[_Entry | None] = []
+            hits: list[bool] = []
+            load: list[int] = []  # indices into ids that need a read
+            try:
+                for i, e in enumerate(ids):
+                    key = (row, e)
+                    seen = self._seen.get(key, 0) + 1
+                    self._seen[key] = seen
+                    entry = self._lookup(key)
+                    if entry is not None:
+                        hits.append(True)
+                        entry.pins += 1
+                        if not entry.hot:
+                            self._lru[self._scope(row)].move_to_end(key)
+                        if entry.prefetched:
+                            entry.prefetched = False
+                            c["prefetch_hits"] += 1
+                        elif entry.pending is not None:
+                            c["inflight_hits"] += 1
+                        slots.append(entry.slot)
+                        waits.append(entry.pending)
+                        entries.append(entry)
+                        continue
+                    hits.append(False)
+                    if seen >= self.settings.min_hits:
+                        entry = self._admit(row, key)
+                        entry.pins = 1
+                        slots.append(entry.slot)
+                        entries.append(entry)
+                    else:
+                        if not self._scratch:
+                            raise PlanError(
+                                f"all {self.K} scratch slots are in use (min_hits "
+                                f"{self.settings.min_hits}): release handles before acquiring more"
+                            )
+                        slots.append(self._scratch.pop())
+                        entries.append(None)
+                    waits.append(None)
+                    load.append(i)
+            except BaseException:
+                self._undo(row, ids, hits, slots, entries)
+                raise
+            n_hits = sum(hits)
+            c["lookups"] += len(ids)
+            c["hits"] += n_hits
+            c["misses"] += len(ids) - n_hits
+            c["bypassed"] += sum(1 for i in load if entries[i] is None)
+            self._layer_counts[row] += (len(ids), n_hits, len(ids) - n_hits)
+            if load:
+                batch = self._submit(row, [ids[i] for i in load], [slots[i] for i in load])
+                for g, i in enumerate(load):
+                    waits[i] = (batch, g)
+                    if entries[i] is not None:
+                        entries[i].pending = (batch, g)
+        return ExpertHandle(layer, ids, tuple(hits), slots, waits, entries, self)
+
+    def release(self, handle: ExpertHandle) -> None:
+        """Unpins the handle's experts (waits for any of its reads still running)."""
+        if handle.released:
+            return
+        for pending in handle._waits:
+            if pending is not None:
+                try:
+                    pending[0].wait(pending[1])
+                except ReadError:
+                    pass  # the entry is dropped below
+        with self._lock:
+            handle.released = True
+            for i, entry in enumerate(handle._entries):
+                if entry is None:
+                    self._scratch.append(handle._slots[i])
+                    continue
+                entry.pins -= 1
+                if not entry.dropped:
+                    self._settle(entry)  # a failed read drops it (and frees an unpinned slot)
+                elif entry.pins == 0:
+                    self._free[self._scope(entry.key[0])].append(entry.slot)
+            self._harvest()
+
+    def prefetch(self, layer: int, expert_ids) -> int:
+        """Starts reading experts that are not cached into evictable slots; returns how many.
+
+        Best effort: experts for which no slot can be freed are skipped. No lookup is counted.
+        """
+        row = self.table.row(layer)
+        ids = tuple(dict.fromkeys(int(e) for e in expert_ids))
+        self._check_ids(ids)
+        with self._lock:
+            self._check_open()
+            self._harvest()
+            new: list[_Entry] = []
+            for e in ids:
+                key = (row, e)
+                if key in self._entries:
+                    continue
+                try:
+                    entry = self._admit(row, key)
+                except PlanError:
+                    break
+                entry.prefetched = True
+                new.append(entry)
+            if new:
+                batch = self._submit(row, [en.key[1] for en in new], [en.slot for en in new])
+                for g, entry in enumerate(new):
+                    entry.pending = (batch, g)
+                self._counters["prefetches"] += len(new)
+            return len(new)
+
+    def log_route(self, phase: str, pos: int, layer: int, experts, weights=()) -> None:
+        """Appends one route record when a route log is set (no-op otherwise)."""
+        if self.route_log is not None:
+            self.route_log.write(phase, pos, layer, experts, weights)
+
+    def log_routes(self, phase: str, pos0: int, layer: int, ids, weights=None) -> None:
+        """One record per token of a ubatch: ids [T, K], weights [T, K]."""
+        if self.route_log is not None:
+            self.route_log.write_batch(phase, pos0, layer, ids, weights)
+
+    def set_io(self, io: IOSettings) -> None:
+        """Changes threads / mode / split between tokens (not the cache mode)."""
+        with self._lock:
+            self.reader.set_io(io)
+            self.io = io
+
+    def cached(self, layer: int) -> list[int]:
+        """Expert ids of `layer` currently in the arena (hot pins included)."""
+        row = self.table.row(layer)
+        with self._lock:
+            return sorted(e for (r, e) in self._entries if r == row)
+
+    @property
+    def stats(self) -> dict:
+        """lookups, hits, misses, hit_rate, bypassed (misses read to scratch, not admitted),
+        evictions, inflight_hits (hits on a read still running), prefetches, prefetch_hits,
+        read_errors, bytes_read (device bytes incl. O_DIRECT page rounding),
+        expert_bytes_read, read_ms (submit to last byte, summed over batches), wait_ms (time
+        callers blocked in wait), slots, slot_bytes, cached, layers {layer: [lookups, hits,
+        misses]}. Reads still in flight are not yet in read_ms."""
+        with self._lock:
+            self._harvest()
+            s = dict(self._counters)
+            s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
+            s["read_ms"] = self._read_ns / 1e6
+            s["wait_ms"] = self._wait_ns / 1e6
+            s["slots"] = self.plan.slots
+            s["slot_bytes"] = self.plan.slot_bytes
+            s["cached"] = len(self._entries)
+            s["layers"] = {
+                int(self.table.layers[r]): [int(x) for x in self._layer_counts[r]]
+                for r in range(len(self.table.layers))
+            }
+            return s
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            inflight = list(self._inflight)
+        for batch in inflight:
+            _quiet_wait_all(batch)
+        self.reader.close()
+        if self.route_log is not None:
+            self.route_log.close()
+        self.arena.close()
+
+    def __enter__(self) -> ExpertCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the expert cache is closed")
+
+    def _check_ids(self, ids: tuple[int, ...]) -> None:
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"expert ids must be distinct within one acquire: {list(ids)}")
+        n = self.table.n_expert
+        for e in ids:
+            if not 0 <= e < n:
+                raise ValueError(f"expert {e} out of range 0..{n - 1}")
+
+    def _scope(self, row: int) -> int:
+        return row if self.settings.scope == "layer" else 0
+
+    def _admit(self, row: int, key: tuple[int, int]) -> _Entry:
+        """A slot for key (free or evicted), registered as the most recent entry."""
+        scope = self._scope(row)
+        free = self._free[scope]
+        if free:
+            slot = free.pop()
+        else:
+            slot = self._evict(scope)
+        entry = _Entry(key, slot)
+        self._entries[key] = entry
+        self._lru[scope][key] = None
+        return entry
+
+    def _evict(self, scope: int) -> int:
+        lru = self._lru[scope]
+        for key in lru:
+            entry = self._entries[key]
+            if entry.pins:
+                continue
+            if entry.pending is not None:
+                if not entry.pending[0].done(entry.pending[1]):
+                    continue
+                entry.pending = None
+            del lru[key]
+            del self._entries[key]
+            self._counters["evictions"] += 1
+            return entry.slot
+        where = (
+            "the arena"
+            if scope == 0 and self.settings.scope == "global"
+            else (f"layer {self.table.layers[scope]}")
+        )
+        raise PlanError(
+            f"all {len(lru)} slots of {where} are pinned or loading: release handles before "
+            f"acquiring more (max_acquire = {self.max_acquire})"
+        )
+
+    def _lookup(self, key: tuple[int, int]) -> _Entry | None:
+        """The entry for key, if cached and not failed."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._settle(entry)
+            if entry.dropped:
+                return None
+        return entry
+
+    def _settle(self, entry: _Entry) -> None:
+        """Clears a finished read's pending mark; drops the entry if that read failed."""
+        if entry.pending is None or entry.dropped:
+            return
+        batch, g = entry.pending
+        if not batch.done(g):
+            return
+        if batch.failed(g):
+            self._drop(entry)
+        else:
+            entry.pending = None
+
+    def _drop(self, entry: _Entry) -> None:
+        """Forgets an entry whose read failed; its slot is freed once nobody pins it."""
+        if entry.dropped:
+            return
+        entry.dropped = True
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        scope = self._scope(entry.key[0])
+        self._lru[scope].pop(entry.key, None)
+        if entry.pins == 0:
+            self._free[scope].append(entry.slot)
+        self._counters["read_errors"] += 1
+
+    def _undo(self, row, ids, hits, slots, entries) -> None:
+        """Rolls back a failed acquire: unpin hits, free new slots, forget the lookups."""
+        for i in range(len(hits)):
+            self._seen[(row, ids[i])] -= 1
+            entry = entries[i] if i < len(entries) else None
+            if hits[i]:
+                entry.pins -= 1
+            elif entry is None and i < len(slots):
+                self._scratch.append(slots[i])
+            elif entry is not None:
+                entry.pins = 0
+                scope = self._scope(row)
+                del self._entries[entry.key]
+                self._lru[scope].pop(entry.key, None)
+                self._free[scope].append(entry.slot)
+
+    def _submit(self, row: int, experts: list[int], slots: list[int]) -> ReadBatch:
+        addrs = [self.arena.address(s) for s in slots]
+        batch, device_bytes = self.reader.submit(row, experts, addrs, keepalive=self.arena)
+        self._inflight.append(batch)
+        self._counters["bytes_read"] += device_bytes
+        self._counters["expert_bytes_read"] += int(self.table.nbytes[row, experts].sum())
+        return batch
+
+    def _harvest(self) -> None:
+        """Accounts finished batches (read time, failures of reads nobody waited for)."""
+        keep = []
+        for batch in self._inflight:
+            if not batch.all_done():
+                keep.append(batch)
+                continue
+            rep = batch.report()  # [R, 6]
+            self._read_ns += int(rep[:, 2].max() - rep[:, 0].min())
+        self._inflight = keep
+
+    def _wait(self, handle: ExpertHandle, i: int, pending: tuple[ReadBatch, int]) -> None:
+        batch, g = pending
+        t0 = time.perf_counter_ns()
+        try:
+            batch.wait(g)
+        except ReadError:
+            with self._lock:
+                entry = handle._entries[i]
+                if entry is not None:
+                    self._drop(entry)
+            handle._waits[i] = None
+            raise
+        finally:
+            waited = time.perf_counter_ns() - t0
+            with self._lock:
+                self._wait_ns += waited
+        handle._waits[i] = None
+        entry = handle._entries[i]
+        if entry is not None and entry.pending is pending:
+            entry.pending = None  # plain attribute store: safe without the lock
+
+    def _views(self, layer: int, expert: int, slot: int):
+        row = self.table.row(layer)
+        base = slot * self.arena.slot_bytes
+        out = []
+        for p in range(3):
+            off = int(self.table.offsets[row, expert, p])
+            n = int(self.table.nbytes[row, expert, p])
+            rows = int(self.table.shapes[p][0])
+            start = base + self.layout.view_offset(off, p)
+            out.append(self.arena.buf[start : start + n].reshape(rows, n // rows))
+        return tuple(out)
+
+    def _load_hot(self, hot_slots: list[int]) -> None:
+        """Reads the first hot_pin experts of the ranking into their pinned slots."""
+        by_row: dict[int, list[tuple[int, int]]] = {}
+        for slot, (layer, e) in zip(
+            hot_slots, self.settings.hot[: self.settings.hot_pin], strict=True
+        ):
+            row = self.table.row(layer)
+            key = (row, int(e))
+            if key in self._entries:
+                raise ParamsError(f"hot ranking lists layer {layer} expert {e} twice")
+            self._entries[key] = _Entry(key, slot, pins=1, hot=True)
+            by_row.setdefault(row, []).append((int(e), slot))
+        for row, items in by_row.items():
+            batch = self._submit(row, [e for e, _ in items], [s for _, s in items])
+            batch.wait_all()
+        self._harvest()
+
+
+def _quiet_wait_all(batch: ReadBatch) -> None:
+    try:
+        batch.wait_all()
+    except ReadError:
+        pass
