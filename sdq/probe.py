@@ -528,6 +528,19 @@ def settings_for_model(model_path: Path, **overrides) -> ProbeSettings:
     return ProbeSettings(**base)
 
 
+def storage_of(path: Path):
+    """Storage labels of `path`; a memory filesystem is refused (no device behind it)."""
+    from sdq.probe_device import describe_storage
+
+    storage = describe_storage(path)
+    if storage.fstype in MEMORY_FILESYSTEMS:
+        raise ParamsError(
+            f"{path} is on {storage.fstype}, which lives in RAM: there is no device to probe "
+            "(give --file or --scratch-dir on a disk)"
+        )
+    return storage
+
+
 def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
     """Run the three sweeps; `progress(str)` is called before each cell when given."""
     settings.validate()
@@ -551,14 +564,7 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
                 f"--size {settings.size} B, rounded up to {_read_len(settings.size, 'direct')} B "
                 f"for O_DIRECT, is larger than {path} ({file_bytes} B)"
             )
-        from sdq.probe_device import describe_storage
-
-        storage = describe_storage(path)
-        if storage.fstype in MEMORY_FILESYSTEMS:
-            raise ParamsError(
-                f"{path} is on {storage.fstype}, which lives in RAM: there is no device to probe "
-                "(give --file or --scratch-dir on a disk)"
-            )
+        storage = storage_of(path)
         fd = _open_for(path, settings.cache_mode)
         stack.callback(os.close, fd)
         rng = np.random.default_rng(settings.seed)
@@ -596,6 +602,44 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
                     )
     result.seconds = time.perf_counter() - t0
     return result
+
+
+@contextlib.contextmanager
+def target_file(
+    file: str | os.PathLike | None, scratch_dir: Path, scratch_bytes: int, seed: int = 0
+) -> Iterator[Path]:
+    """The file to probe: `file` itself, or a scratch file removed when the block exits."""
+    if file:
+        path = Path(file)
+        if not path.is_file():
+            raise ParamsError(f"--file {path}: no such file")
+        yield path
+    else:
+        with scratch_file(Path(scratch_dir), scratch_bytes, seed) as path:
+            yield path
+
+
+def measure_level(
+    path: Path, *, size: int, threads: int, reads: int, cache_mode: str, seed: int = 0
+) -> ReadStats:
+    """One T1 cell on an existing file (one run): e.g. interleaved with fio for a side-by-side."""
+    settings = ProbeSettings(
+        path=Path(path), size=size, threads=(threads,), reads=reads, cache_mode=cache_mode
+    )
+    settings.validate()
+    file_bytes = Path(path).stat().st_size
+    if _read_len(size, cache_mode) > file_bytes:
+        raise ParamsError(f"--size {size} B is larger than {path} ({file_bytes} B)")
+    storage_of(Path(path))
+    fd = _open_for(Path(path), cache_mode)
+    try:
+        with _signals_raise():
+            rng = np.random.default_rng(seed)
+            runs = _level(path, fd, file_bytes, size=size, threads=threads, reads=reads,
+                          cache_mode=cache_mode, rng=rng, repeat=1)  # fmt: skip
+    finally:
+        os.close(fd)
+    return summarize(runs, threads=threads, size=size)
 
 
 def _settings_dict(settings: ProbeSettings) -> dict:
