@@ -51,6 +51,9 @@ def execute(
             cwd=str(cwd or notebook.parent),
             progress_bar=False,
             log_output=False,
+            # the kernel's own log (unencrypted local TCP, interrupt at shutdown) is noise here;
+            # cell errors still arrive as messages
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
         )
     except pm.PapermillExecutionError as exc:
         raise LabError(_describe_failure(notebook, executed_path, exc)) from None
