@@ -1,0 +1,337 @@
+"""sdq.pager: the expert cache against a pure-Python model of its policy, threads, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+from collections import Counter, OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pager_support import make_model
+
+from sdq.errors import PlanError, ReadError
+from sdq.memory import plan_for_slots
+from sdq.pager import CacheSettings, ExpertCache, IOSettings, RouteLog
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("pager") / "experts.bin", n_layers=3, n_expert=8, k=2)
+
+
+def check_views(model, h):
+    for i, e in enumerate(h.experts):
+        h.wait(i)
+        expect = model.expert_bytes(h.layer, e)
+        for view, want in zip(h.views(i), expect, strict=True):
+            assert view.tobytes() == want
+
+
+class PolicyModel:
+    """What the cache must do, written as plainly as possible."""
+
+    def __init__(self, capacity: dict[int, int], scope_of, min_hits: int):
+        self.capacity = capacity
+        self.scope_of = scope_of
+        self.min_hits = min_hits
+        self.lru = {s: OrderedDict() for s in capacity}  # key -> None, oldest first
+        self.pins: Counter = Counter()
+        self.seen: Counter = Counter()
+
+    def acquire(self, row, ids):
+        """-> (hits, pinned keys) or raises PlanError after rolling back like the cache."""
+        lru = self.lru[self.scope_of(row)]
+        hits, pinned, new = [], [], []
+        try:
+            for e in ids:
+                key = (row, e)
+                self.seen[key] += 1
+                if key in lru:
+                    hits.append(True)
+                    lru.move_to_end(key)
+                    self.pins[key] += 1
+                    pinned.append(key)
+                    continue
+                hits.append(False)
+                if self.seen[key] < self.min_hits:
+                    continue
+                if len(lru) >= self.capacity[self.scope_of(row)]:
+                    victim = next((k for k in lru if not self.pins[k]), None)
+                    if victim is None:
+                        raise PlanError("all pinned")
+                    del lru[victim]
+                lru[key] = None
+                self.pins[key] += 1
+                pinned.append(key)
+                new.append(key)
+        except PlanError:
+            for e in ids[: len(hits)]:
+                self.seen[(row, e)] -= 1
+            for key in pinned:
+                self.pins[key] -= 1
+            for key in new:
+                del lru[key]
+            raise
+        return hits, pinned
+
+    def release(self, pinned):
+        for key in pinned:
+            self.pins[key] -= 1
+
+    def cached(self, row):
+        return sorted(e for lru in self.lru.values() for (r, e) in lru if r == row)
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("acq"), st.integers(0, 2), st.sets(st.integers(0, 7), min_size=1, max_size=2)
+        ),
+        st.tuples(st.just("rel"), st.integers(0, 5), st.just(frozenset())),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ops=ops,
+    scope=st.sampled_from(["global", "layer"]),
+    min_hits=st.integers(1, 3),
+    slots=st.integers(6, 12),
+)
+def test_policy_matches_the_model(model, ops, scope, min_hits, slots):
+    table = model.experts
+    n_scratch = 2 if min_hits > 1 else 0
+    plan = plan_for_slots(model, slots + n_scratch)
+    cache = ExpertCache(
+        model, plan, IOSettings(threads=2), CacheSettings(scope=scope, min_hits=min_hits)
+    )
+    if scope == "global":
+        ref = PolicyModel({0: slots}, lambda r: 0, min_hits)
+    else:
+        ref = PolicyModel({r: slots // 3 for r in range(3)}, lambda r: r, min_hits)
+    handles = []  # (cache handle, model pinned keys)
+    try:
+        for op, a, ids in ops:
+            if op == "rel":
+                if handles:
+                    h, pinned = handles.pop(a % len(handles))
+                    cache.release(h)
+                    ref.release(pinned)
+                continue
+            layer, ids = table.layers[a], sorted(ids)
+            if len(handles) >= 3 or (min_hits > 1 and handles):
+                continue  # scratch slots hold one handle's bypassed experts
+            try:
+                hits, pinned = ref.acquire(a, ids)
+            except PlanError:
+                with pytest.raises(PlanError, match="pinned"):
+                    cache.acquire(layer, ids)
+                continue
+            h = cache.acquire(layer, ids)
+            assert list(h.hits) == hits
+            check_views(model, h)
+            handles.append((h, pinned))
+            for r, lay in enumerate(table.layers):
+                assert cache.cached(lay) == ref.cached(r)
+        s = cache.stats
+        assert s["lookups"] == s["hits"] + s["misses"]
+    finally:
+        for h, _ in handles:
+            cache.release(h)
+        cache.close()
+
+
+def test_bypassed_misses_use_scratch_and_are_counted(model):
+    cache = ExpertCache(model, plan_for_slots(model, 8), settings=CacheSettings(min_hits=2))
+    layer = model.experts.layers[0]
+    h = cache.acquire(layer, [1, 2])
+    check_views(model, h)
+    cache.release(h)
+    assert cache.cached(layer) == [] and cache.stats["bypassed"] == 2
+    h = cache.acquire(layer, [1, 2])  # second lookup: admitted now
+    check_views(model, h)
+    cache.release(h)
+    assert cache.cached(layer) == [1, 2]
+    h = cache.acquire(layer, [1, 2])
+    assert h.hits == (True, True)
+    cache.release(h)
+    s = cache.stats
+    assert (s["lookups"], s["hits"], s["misses"], s["bypassed"]) == (6, 2, 4, 2)
+    assert s["layers"][layer] == [6, 2, 4]
+    cache.close()
+
+
+def test_all_slots_pinned_is_a_clear_error(model):
+    cache = ExpertCache(model, plan_for_slots(model, 2))
+    layer = model.experts.layers[0]
+    h = cache.acquire(layer, [0, 1])
+    with pytest.raises(PlanError, match=r"all 2 slots of the arena are pinned .*max_acquire = 2"):
+        cache.acquire(layer, [2])
+    cache.release(h)
+    cache.release(cache.acquire(layer, [2]))
+    cache.close()
+
+
+def test_per_layer_scope_needs_k_slots_per_layer(model):
+    with pytest.raises(PlanError, match=r"6 slots needed, minimum budget [\d.]+ MB"):
+        ExpertCache(model, plan_for_slots(model, 5), settings=CacheSettings(scope="layer"))
+
+
+def test_hot_pins_stay(model):
+    t = model.experts
+    hot = ((t.layers[0], 5), (t.layers[1], 6), (t.layers[2], 7))
+    cache = ExpertCache(model, plan_for_slots(model, 5), settings=CacheSettings(hot=hot, hot_pin=3))
+    rng = random.Random(0)
+    for _ in range(50):
+        layer = rng.choice(t.layers)
+        h = cache.acquire(layer, rng.sample(range(5), 2))
+        cache.release(h)
+    for layer, e in hot:
+        assert e in cache.cached(layer)
+        h = cache.acquire(layer, [e])
+        assert h.hits == (True,)
+        check_views(model, h)
+        cache.release(h)
+    cache.close()
+
+
+def test_prefetch_turns_misses_into_hits(model):
+    cache = ExpertCache(model, plan_for_slots(model, 6))
+    layer = model.experts.layers[1]
+    assert cache.prefetch(layer, [3, 4, 3]) == 2
+    assert cache.prefetch(layer, [3]) == 0
+    h = cache.acquire(layer, [3, 4, 5])
+    assert h.hits == (True, True, False)
+    check_views(model, h)
+    cache.release(h)
+    s = cache.stats
+    assert s["prefetches"] == 2 and s["prefetch_hits"] == 2 and s["misses"] == 1
+    assert (
+        s["bytes_read"]
+        == s["expert_bytes_read"]
+        == sum(int(model.experts.nbytes[1, e].sum()) for e in (3, 4, 5))
+    )
+    cache.close()
+
+
+@pytest.mark.parametrize("cache_mode, min_hits", [("pagecache", 1), ("dontneed", 2), ("direct", 1)])
+def test_threads_stress(model, cache_mode, min_hits):
+    """Several threads acquire and release random experts: right bytes, no deadlock, sums add up."""
+    t = model.experts
+    n_threads, iters, k = 4, 60, 2
+    plan = plan_for_slots(model, n_threads * k + 4 + (k if min_hits > 1 else 0), cache_mode)
+    io = IOSettings(threads=3, mode="split", split=2, cache_mode=cache_mode)
+    cache = ExpertCache(model, plan, io, CacheSettings(min_hits=min_hits))
+    lookups = Counter()
+    errors = []
+    scratch_lock = threading.Lock()  # admission's K scratch slots: one bypassing handle at a time
+
+    def work(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(iters):
+                layer = rng.choice(t.layers)
+                ids = rng.sample(range(t.n_expert), rng.randint(1, k))
+                with scratch_lock if min_hits > 1 else _null():
+                    h = cache.acquire(layer, ids)
+                    for i in h.ready_order():
+                        h.wait(i)
+                    check_views(model, h)
+                    cache.release(h)
+                lookups[seed] += len(ids)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads), "deadlock"
+    assert not errors, errors[0]
+    s = cache.stats
+    assert s["lookups"] == sum(lookups.values()) == s["hits"] + s["misses"]
+    assert sum(v[0] for v in s["layers"].values()) == s["lookups"]
+    assert s["read_ms"] > 0 and s["wait_ms"] >= 0 and s["read_errors"] == 0
+    cache.close()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_truncated_file_fails_the_waiting_expert_only(tmp_path):
+    model = make_model(tmp_path / "t.bin", n_layers=2, n_expert=4, k=2)
+    cache = ExpertCache(model, plan_for_slots(model, 4))
+    layer = model.experts.layers[1]
+    os.truncate(model.path, int(model.experts.offsets[1, 3, 1]) + 5)  # cuts expert 3's up
+    h = cache.acquire(layer, [0, 3])
+    check_views(model, _Only(h, 0))
+    with pytest.raises(ReadError, match=r"t\.bin: .* layer 2 expert 3 up at offset \d+ length"):
+        h.wait(1)
+    cache.release(h)
+    assert cache.cached(layer) == [0] and cache.stats["read_errors"] == 1
+    cache.close()
+
+
+class _Only:
+    """A view of one expert of a handle, for check_views."""
+
+    def __init__(self, h, i):
+        self.h, self.i = h, i
+        self.layer, self.experts = h.layer, (h.experts[i],)
+
+    def wait(self, _):
+        self.h.wait(self.i)
+
+    def views(self, _):
+        return self.h.views(self.i)
+
+
+def test_route_log_round_trip(model, tmp_path):
+    path = tmp_path / "routes.jsonl"
+    cache = ExpertCache(
+        model, plan_for_slots(model, 4), settings=CacheSettings(route_log=str(path))
+    )
+    cache.log_route("decode", 7, 2, [5, 1], [0.75, 0.25])
+    cache.log_routes(
+        "prefill", 0, 1, np.array([[1, 2], [3, 4]]), np.array([[0.5, 0.5], [0.9, 0.1]])
+    )
+    assert not path.exists()  # written under a temporary name until closed
+    cache.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records[0] == {
+        "phase": "decode",
+        "pos": 7,
+        "layer": 2,
+        "experts": [5, 1],
+        "weights": [0.75, 0.25],
+    }
+    assert [r["pos"] for r in records[1:]] == [0, 1] and records[2]["experts"] == [3, 4]
+    log = RouteLog(tmp_path / "engine.jsonl")  # the engine's hook signature
+    log("decode", 3, 0, np.array([[1, 2]]), np.array([[0.6, 0.4]]), np.array([9]))
+    log.close()
+    assert json.loads((tmp_path / "engine.jsonl").read_text())["pos"] == 3
+
+
+def test_bad_ids_are_rejected(model):
+    cache = ExpertCache(model, plan_for_slots(model, 4))
+    with pytest.raises(ValueError, match="distinct"):
+        cache.acquire(1, [1, 1])
+    with pytest.raises(ValueError, match="out of range"):
+        cache.acquire(1, [8])
+    cache.close()
