@@ -1,7 +1,18 @@
 """The lab: parameter sets, notebook outputs, the reproduce runner and the docs renderer.
 
-Notebooks use `Outputs`; `python -m sdq.lab.reproduce` runs them, `python -m sdq.lab.docs`
-renders docs/ from what they wrote.
+Adding a notebook `NN_topic`:
+
+1. notebooks/NN_topic.ipynb: a markdown title and question, then ONE code cell tagged
+   `parameters` (first code cell) with `params_name = "scratch"`, `model_path = ""` and the
+   notebook's own defaults; commit it without outputs.
+2. In it, `out = Outputs("NN_topic", params_name)`, then `out.table("T5", df, title=..., note=...)`,
+   `out.chart("name", altair_chart)` and `out.value("name", number)` for figures quoted in prose.
+3. params/default.yaml and params/smoke.yaml: a section `NN_topic: {param: value, ...}`
+   (types must match the notebook's defaults; smoke is what `make test` runs).
+4. docs/src/NN_topic.md: prose with {{table:T5}}, {{chart:name}}, {{value:name}} (or
+   {{value:name:.1f}}); `make docs` renders docs/NN_topic.md.
+5. `make reproduce` (or `python -m sdq.lab.reproduce --params default --only NN_topic`), then
+   commit outputs/NN_topic/default/ and docs/.
 """
 
 from sdq.lab.outputs import Outputs

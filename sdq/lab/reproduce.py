@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import shutil
 import sys
@@ -44,7 +45,8 @@ def build_model(model: ModelParams) -> Path:
         from sdq.synth import build_model as synth_build
     except ImportError as exc:
         raise LabError(f"cannot build the model: sdq.synth is not available ({exc})") from None
-    return Path(synth_build(model.preset, qtype=model.qtype, seed=model.seed))
+    kwargs = {"progress": True} if "progress" in inspect.signature(synth_build).parameters else {}
+    return Path(synth_build(model.preset, qtype=model.qtype, seed=model.seed, **kwargs))
 
 
 def select(params: Params, root: Path, only: list[str] | None) -> list[Path]:
