@@ -62,6 +62,13 @@ _PLAIN_DTYPES = {
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 _ROUTED = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+# early Mixtral files: one 2-D tensor per expert and part, blk.N.ffn_gate.E.weight
+_ROUTED_LEGACY = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
+
+
+def is_routed(name: str) -> bool:
+    """Whether a tensor holds routed-expert weights (paged, not resident)."""
+    return bool(_ROUTED.match(name) or _ROUTED_LEGACY.match(name))
 
 
 @dataclass(frozen=True)
@@ -210,7 +217,7 @@ class Model:
     @cached_property
     def routed_bytes(self) -> int:
         """Bytes of every routed-expert tensor (MTP layers included)."""
-        return sum(t.nbytes for name, t in self.tensors.items() if _ROUTED.match(name))
+        return sum(t.nbytes for name, t in self.tensors.items() if is_routed(name))
 
     @property
     def dense_bytes(self) -> int:
@@ -412,94 +419,130 @@ def _tensor_infos(header: Header) -> dict[str, TensorInfo]:
     return out
 
 
-def _expert_table(path: Path, tensors: dict[str, TensorInfo], n_layer: int, n_embd: int):
+@dataclass(frozen=True)
+class _LayerExperts:
+    offsets: np.ndarray  # int64 [E, 3]
+    nbytes: np.ndarray  # int64 [E, 3]
+    qtypes: tuple[int, int, int]
+    shapes: tuple[tuple[int, int], ...]  # per part (rows, cols)
+    fused: bool = False
+
+
+def _bad_shape(path: Path, t: TensorInfo, expected) -> GGUFError:
+    return GGUFError(
+        f"{path}: tensor {t.name} has shape {list(t.shape)}, expected {list(expected)}"
+    )
+
+
+def _merged_layer(path: Path, layer: int, parts: dict[str, TensorInfo], D: int) -> _LayerExperts:
+    """One layer whose experts are stacked in 3-D tensors [cols, rows, E]."""
+    if "down" not in parts or not ({"gate", "up"} <= parts.keys() or "gate_up" in parts):
+        raise UnsupportedError(
+            f"{path}: layer {layer}: routed experts {sorted(parts)} do not form gate/up/down "
+            "(need ffn_gate_exps + ffn_up_exps or ffn_gate_up_exps, and ffn_down_exps)"
+        )
+    if "gate_up" in parts and ({"gate", "up"} & parts.keys()):
+        raise GGUFError(f"{path}: layer {layer} has ffn_gate_up_exps and separate gate/up experts")
+    down = parts["down"]
+    if len(down.shape) != 3 or down.shape[1] != D:
+        raise _bad_shape(path, down, ["F", D, "E"])
+    F, E = down.shape[0], down.shape[2]
+    if "gate_up" in parts:
+        gu = parts["gate_up"]
+        if gu.shape != (D, 2 * F, E):
+            raise _bad_shape(path, gu, (D, 2 * F, E))
+        rb = row_bytes(gu.qtype, D)
+        # expert e holds 2F rows: its gate rows first, then its up rows
+        entries = [(gu, 0, 2 * F * rb), (gu, F * rb, 2 * F * rb)]
+    else:
+        entries = []
+        for t in (parts["gate"], parts["up"]):
+            if t.shape != (D, F, E):
+                raise _bad_shape(path, t, (D, F, E))
+            entries.append((t, 0, t.nbytes // E))
+    entries.append((down, 0, down.nbytes // E))
+    shapes = ((F, D), (F, D), (D, F))
+    experts = np.arange(E, dtype=np.int64)[:, None]  # [E, 1]
+    base = np.array([t.offset + start for t, start, _ in entries], np.int64)  # [3]
+    stride = np.array([step for _, _, step in entries], np.int64)  # [3]
+    size = np.array(  # [3] bytes of one expert's part
+        [row_bytes(t.qtype, shapes[p][1]) * shapes[p][0] for p, (t, _, _) in enumerate(entries)],
+        np.int64,
+    )
+    return _LayerExperts(
+        offsets=base + experts * stride,
+        nbytes=np.broadcast_to(size, (E, 3)).copy(),
+        qtypes=tuple(int(t.qtype) for t, _, _ in entries),
+        shapes=shapes,
+        fused="gate_up" in parts,
+    )
+
+
+def _legacy_layer(
+    path: Path, layer: int, parts: dict[tuple[str, int], TensorInfo], D: int
+) -> _LayerExperts:
+    """One layer stored as one 2-D tensor per expert and part (early Mixtral GGUF files)."""
+    E = 1 + max(e for _, e in parts)
+    missing = [f"ffn_{p}.{e}" for e in range(E) for p in PARTS if (p, e) not in parts]
+    if missing:
+        raise GGUFError(f"{path}: layer {layer}: per-expert tensors missing: {missing[:4]}")
+    F = parts[("down", 0)].shape[0]
+    shapes = ((F, D), (F, D), (D, F))
+    offsets = np.zeros((E, 3), np.int64)
+    nbytes = np.zeros((E, 3), np.int64)
+    qtypes = []
+    for p, part in enumerate(PARTS):
+        first = parts[(part, 0)]
+        qtypes.append(int(first.qtype))
+        rows, cols = shapes[p]
+        for e in range(E):
+            t = parts[(part, e)]
+            if t.shape != (cols, rows):
+                raise _bad_shape(path, t, (cols, rows))
+            if t.qtype != first.qtype:
+                raise UnsupportedError(
+                    f"{path}: layer {layer}: experts of ffn_{part} mix {t.qtype.name} and "
+                    f"{first.qtype.name}"
+                )
+            offsets[e, p], nbytes[e, p] = t.offset, t.nbytes
+    return _LayerExperts(offsets, nbytes, tuple(qtypes), shapes)
+
+
+def _expert_table(path: Path, tensors: dict[str, TensorInfo], n_layer: int, D: int):
     """ExpertTable over the decoder layers, or None for a model without routed experts."""
-    by_layer: dict[int, dict[str, TensorInfo]] = {}
+    merged: dict[int, dict[str, TensorInfo]] = {}
+    legacy: dict[int, dict[tuple[str, int], TensorInfo]] = {}
     for name, t in tensors.items():
-        m = _ROUTED.match(name)
-        if m and int(m.group(1)) < n_layer:
-            by_layer.setdefault(int(m.group(1)), {})[m.group(2)] = t
-    if not by_layer:
+        if m := _ROUTED.match(name):
+            merged.setdefault(int(m.group(1)), {})[m.group(2)] = t
+        elif m := _ROUTED_LEGACY.match(name):
+            legacy.setdefault(int(m.group(1)), {})[(m.group(2), int(m.group(3)))] = t
+    layers = tuple(sorted(i for i in merged.keys() | legacy.keys() if i < n_layer))
+    if not layers:
         return None
-    layers = tuple(sorted(by_layer))
-    L = len(layers)
-    offsets = np.zeros((L, 1, 3), np.int64)  # per layer: base offset of expert 0, per part
-    strides = np.zeros((L, 1, 3), np.int64)  # bytes from one expert to the next
-    sizes = np.zeros((L, 1, 3), np.int64)  # bytes of one expert's part
-    qtypes = np.zeros((L, 3), np.int32)
-    shapes = None
-    n_expert = None
-    fused = False
-    for i, layer in enumerate(layers):
-        parts = by_layer[layer]
-        where = f"{path}: layer {layer}"
-        if "down" not in parts or not ({"gate", "up"} <= parts.keys() or "gate_up" in parts):
-            raise UnsupportedError(
-                f"{where}: routed experts {sorted(parts)} do not form gate/up/down "
-                "(need ffn_gate_exps + ffn_up_exps or ffn_gate_up_exps, and ffn_down_exps)"
-            )
-        if "gate_up" in parts and ({"gate", "up"} & parts.keys()):
-            raise GGUFError(f"{where}: has both ffn_gate_up_exps and separate gate/up experts")
-        for t in parts.values():
-            if len(t.shape) != 3:
-                raise GGUFError(
-                    f"{path}: tensor {t.name} has shape {list(t.shape)}, "
-                    "expected 3 dimensions [cols, rows, experts]"
-                )
-        down = parts["down"]
-        E, F = down.shape[2], down.shape[0]
-        if n_expert is None:
-            n_expert = E
-        layer_shapes = ((F, n_embd), (F, n_embd), (n_embd, F))
-        if "gate_up" in parts:
-            fused = True
-            gu = parts["gate_up"]
-            if gu.shape != (n_embd, 2 * F, E):
-                raise GGUFError(
-                    f"{path}: tensor {gu.name} has shape {list(gu.shape)}, "
-                    f"expected {[n_embd, 2 * F, E]}"
-                )
-            rb = row_bytes(gu.qtype, n_embd)
-            stride = 2 * F * rb
-            entries = [(gu, 0, stride), (gu, F * rb, stride)]
+    per_layer: list[_LayerExperts] = []
+    for layer in layers:
+        if layer in merged and layer in legacy:
+            raise GGUFError(f"{path}: layer {layer} has both stacked and per-expert tensors")
+        if layer in merged:
+            lx = _merged_layer(path, layer, merged[layer], D)
         else:
-            entries = []
-            for p in ("gate", "up"):
-                t = parts[p]
-                if t.shape != (n_embd, F, E):
-                    raise GGUFError(
-                        f"{path}: tensor {t.name} has shape {list(t.shape)}, "
-                        f"expected {[n_embd, F, E]} (from {down.name})"
-                    )
-                entries.append((t, 0, t.nbytes // E))
-        if down.shape[1] != n_embd:
-            raise GGUFError(
-                f"{path}: tensor {down.name} has shape {list(down.shape)}, "
-                f"expected rows of n_embd = {n_embd}"
-            )
-        entries.append((down, 0, down.nbytes // E))
-        if E != n_expert:
-            raise UnsupportedError(f"{where}: {E} experts, but layer {layers[0]} has {n_expert}")
-        if shapes is None:
-            shapes = layer_shapes
-        elif layer_shapes != shapes:
+            lx = _legacy_layer(path, layer, legacy[layer], D)
+        first = per_layer[0] if per_layer else lx
+        if lx.offsets.shape != first.offsets.shape or lx.shapes != first.shapes:
             raise UnsupportedError(
-                f"{where}: expert shapes {layer_shapes} differ from layer {layers[0]}'s {shapes}"
+                f"{path}: layer {layer} has {len(lx.offsets)} experts of shapes {lx.shapes}, "
+                f"layer {layers[0]} has {len(first.offsets)} of {first.shapes}"
             )
-        for p, (t, start, stride) in enumerate(entries):
-            offsets[i, 0, p] = t.offset + start
-            strides[i, 0, p] = stride
-            sizes[i, 0, p] = row_bytes(t.qtype, layer_shapes[p][1]) * layer_shapes[p][0]
-            qtypes[i, p] = int(t.qtype)
-    experts = np.arange(n_expert, dtype=np.int64)[None, :, None]  # [1, E, 1]
+        per_layer.append(lx)
     return ExpertTable(
         layers=layers,
-        n_expert=int(n_expert),
-        offsets=offsets + experts * strides,  # [L, E, 3]
-        nbytes=np.broadcast_to(sizes, (L, n_expert, 3)).copy(),  # [L, E, 3]
-        qtypes=qtypes,
-        shapes=shapes,
-        fused_gate_up=fused,
+        n_expert=len(per_layer[0].offsets),
+        offsets=np.stack([lx.offsets for lx in per_layer]),  # [L, E, 3]
+        nbytes=np.stack([lx.nbytes for lx in per_layer]),  # [L, E, 3]
+        qtypes=np.array([lx.qtypes for lx in per_layer], np.int32),  # [L, 3]
+        shapes=per_layer[0].shapes,
+        fused_gate_up=any(lx.fused for lx in per_layer),
     )
 
 
@@ -534,7 +577,7 @@ def tensor_class(name: str, n_layer: int) -> str:
     m = _BLOCK.match(name)
     if "nextn" in name or "mtp" in name or (m and int(m.group(1)) >= n_layer):
         return "mtp"
-    if _ROUTED.match(name):
+    if is_routed(name):
         return "routed_experts"
     if "_exps" in name:
         return "routed_expert_extras"  # per-expert biases / scales, kept resident

@@ -35,6 +35,7 @@ class Layout:
     leading_dense: int = 0  # deepseek2: first layers use a dense FFN
     nextn: int = 0  # MTP layers appended after the decoder layers
     fused_gate_up: bool = False
+    legacy_experts: bool = False  # one 2-D tensor per expert: blk.N.ffn_gate.E.weight
     tied: bool = False
     n_vocab: int = 100
     expert_qtypes: tuple = (Q.Q8_0, Q.Q8_0, Q.Q8_0)  # gate, up, down
@@ -116,13 +117,24 @@ def write_model(path: Path, lay: Layout, seed: int = 0) -> tuple[Path, dict[str,
             continue
         add(f"{b}.ffn_gate_inp.weight", (E, D), Q.F32)
         qg, qu, qd = lay.expert_qtypes
-        if lay.fused_gate_up:
+        if lay.legacy_experts:
+            for e in range(E):
+                for part, shape_np, qtype in (
+                    ("gate", (F, D), qg),
+                    ("up", (F, D), qu),
+                    ("down", (D, F), qd),
+                ):
+                    name = f"{b}.ffn_{part}.{e}.weight"
+                    routed[name] = add(name, shape_np, qtype)
+        elif lay.fused_gate_up:
             name = f"{b}.ffn_gate_up_exps.weight"
             routed[name] = add(name, (E, 2 * F, D), qg)
         else:
             routed[f"{b}.ffn_gate_exps.weight"] = add(f"{b}.ffn_gate_exps.weight", (E, F, D), qg)
             routed[f"{b}.ffn_up_exps.weight"] = add(f"{b}.ffn_up_exps.weight", (E, F, D), qu)
-        routed[f"{b}.ffn_down_exps.weight"] = add(f"{b}.ffn_down_exps.weight", (E, D, F), qd)
+        if not lay.legacy_experts:
+            name = f"{b}.ffn_down_exps.weight"
+            routed[name] = add(name, (E, D, F), qd)
         if lay.shared_ffn:
             add(f"{b}.ffn_gate_inp_shexp.weight", (D,), Q.F32)
             add(f"{b}.ffn_gate_shexp.weight", (lay.shared_ffn, D), lay.dense_qtype)

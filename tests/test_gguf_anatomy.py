@@ -26,6 +26,8 @@ def file_bytes(path, offset, n):
 def expected_slices(routed, layer, expert, fused_f=None):
     """The bytes gate/up/down of one expert as written, from the source arrays."""
     b = f"blk.{layer}"
+    if f"{b}.ffn_gate.0.weight" in routed:  # one tensor per expert
+        return [routed[f"{b}.ffn_{p}.{expert}.weight"].tobytes() for p in PARTS]
     if fused_f is not None:
         gu = routed[f"{b}.ffn_gate_up_exps.weight"][expert]  # [2F, row]
         gate, up = gu[:fused_f], gu[fused_f:]
@@ -152,6 +154,17 @@ def test_mixtral_style_llama(tmp_path):
     m = open_model(path)
     assert (m.spec.n_expert, m.spec.n_expert_used, m.spec.norm_topk_prob) == (8, 2, True)
     check_offsets(m, routed)
+
+
+def test_legacy_per_expert_tensors(tmp_path):
+    # early Mixtral GGUF files store blk.N.ffn_gate.E.weight, one 2-D tensor per expert
+    path, routed = build(tmp_path, arch="llama", n_expert=4, legacy_experts=True)
+    m = open_model(path)
+    assert m.spec.n_expert == 4 and m.spec.moe_layers == (0, 1)
+    assert m.experts.shapes == ((32, 64), (32, 64), (64, 32))
+    check_offsets(m, routed)
+    assert m.routed_bytes == m.experts.total_bytes
+    assert anatomy(m)["tensor_classes"]["routed_experts"]["count"] == 2 * 4 * 3
 
 
 def test_qwen2moe_shared_expert(tmp_path):
