@@ -436,11 +436,20 @@ def _rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
 
 
 def _attention(q, k_cache, v_cache, p0: int, Hkv: int, scores, out) -> None:
-    """Causal GQA attention. q [T, H, Dh]; caches [C, Hkv*Dh] filled up to p0+T; out [T, H, Dh]."""
+    """Causal GQA attention. q [T, H, Dh]; caches [C, Hkv*Dh] filled up to p0+T; out [T, H, Dh].
+    scores: scratch of at least max(T, H) * (p0 + T) floats."""
     T, H, Dh = q.shape
     G = H // Hkv
     n = p0 + T
     scale = np.float32(1.0 / np.sqrt(Dh))
+    if T == 1:  # decode: every head at once
+        keys = k_cache[:n].reshape(n, Hkv, Dh).transpose(1, 2, 0)  # [Hkv, Dh, n]
+        vals = v_cache[:n].reshape(n, Hkv, Dh).transpose(1, 0, 2)  # [Hkv, n, Dh]
+        s = scores.reshape(-1)[: H * n].reshape(Hkv, G, n)
+        np.matmul(q[0].reshape(Hkv, G, Dh), keys, out=s)
+        _softmax_rows(s, scale)
+        np.matmul(s, vals, out=out.reshape(Hkv, G, Dh))
+        return
     s = scores.reshape(-1)[: T * n].reshape(T, n)  # [T, n] one head at a time
     causal = np.arange(n)[None, :] > (p0 + np.arange(T))[:, None]  # [T, n]
     for h in range(H):
@@ -448,12 +457,17 @@ def _attention(q, k_cache, v_cache, p0: int, Hkv: int, scores, out) -> None:
         keys = k_cache[:n, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
         vals = v_cache[:n, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
         np.dot(q[:, h, :], keys.T, out=s)
-        s *= scale
         s[causal] = -np.inf
-        s -= s.max(axis=1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=1, keepdims=True)
-        out[:, h, :] = s @ vals
+        _softmax_rows(s, scale)
+        np.matmul(s, vals, out=out[:, h, :])
+
+
+def _softmax_rows(s: np.ndarray, scale: np.float32) -> None:
+    """s = softmax(scale * s) over the last axis, in place."""
+    s *= scale
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
 
 
 def _softmax_topk(logits, K: int, renorm: bool, ids_out, w_out) -> None:
