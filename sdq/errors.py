@@ -27,5 +27,9 @@ class ParamsError(SdqError):
     """A parameter file or command-line setting is invalid."""
 
 
+class TraceError(SdqError):
+    """A routing trace or route log is malformed or of an unknown format (names file and line)."""
+
+
 class LabError(SdqError):
     """A lab run or docs build failed: names the notebook, cell, table or marker at fault."""
