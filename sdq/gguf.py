@@ -265,6 +265,12 @@ def open_model(path: str | os.PathLike) -> Model:
         raise UnsupportedError(
             f"{path}: unknown architecture {arch!r} (known: {', '.join(sorted(ARCH_NORM_TOPK))})"
         )
+    n_split = meta.get("split.count", 1)
+    if _is_int(n_split) and n_split > 1:
+        raise UnsupportedError(
+            f"{path}: one shard of a split GGUF (split.count {n_split}); merge the shards into "
+            "one file first (llama-gguf-split --merge)"
+        )
     keys = _Keys(path, meta, header.value_types, arch)
     n_block = keys.int("block_count", minimum=1, maximum=4096)
     n_nextn = keys.int("nextn_predict_layers", default=0, maximum=n_block - 1)

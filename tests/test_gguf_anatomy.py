@@ -132,6 +132,17 @@ def test_tensor_data_is_a_zero_copy_view(tmp_path):
     for view in (norm, q, gate):
         assert not view.flags.owndata and not view.flags.writeable
         assert np.shares_memory(view, m._map)
+    by_name = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert np.array_equal(norm, by_name["blk.0.attn_norm.weight"].data)
+    assert np.array_equal(q, by_name["blk.1.attn_q.weight"].data)
+
+
+def test_bf16_and_block_types_are_byte_rows(tmp_path):
+    path, _ = build(tmp_path, extra_tensors={"rope_freqs.weight": ((3, 64), Q.BF16)})
+    m = open_model(path)
+    raw = m.tensor_data("rope_freqs.weight")
+    assert raw.dtype == np.uint8 and raw.shape == (3, 128)
+    assert m.tensors["rope_freqs.weight"].qtype == Q.BF16
     with pytest.raises(GGUFError, match="no tensor named 'nope'"):
         m.tensor_data("nope")
 

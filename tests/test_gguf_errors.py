@@ -5,6 +5,7 @@ import struct
 import subprocess
 import sys
 
+import gguf
 import pytest
 from gguf_builders import Layout, Q, write_model
 
@@ -131,6 +132,13 @@ def test_unsupported_version_and_missing_key(capsys, good, tmp_path):
 
     msg = fails(capsys, patched(good, tmp_path, rename_key))
     assert "metadata key qwen3moe.block_count is missing" in msg
+
+
+def test_split_shard(capsys, tmp_path):
+    vt = gguf.GGUFValueType
+    layout = Layout(extra_kv={"split.count": (3, vt.UINT16), "split.no": (0, vt.UINT16)})
+    path, _ = write_model(tmp_path / "model-00001-of-00003.gguf", layout)
+    assert "one shard of a split GGUF (split.count 3)" in fails(capsys, path)
 
 
 def test_process_exit_code_and_stderr(tmp_path):
