@@ -1,0 +1,1 @@
+"""Benchmarks run by `sdq bench NAME`: each module defines add_arguments(parser) and run(args)."""

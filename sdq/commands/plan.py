@@ -1,0 +1,53 @@
+"""`sdq plan MODEL --ram-budget-mb B -c CTX -b UBATCH`: the memory plan as a table (or JSON).
+
+Every term is counted before anything is allocated: RSS now, dense weights, KV cache, compute
+buffers, pager buffers, reserve; what is left becomes expert slots (sdq.memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="GGUF file")
+    p.add_argument("--ram-budget-mb", type=float, required=True, help="RAM budget in MB")
+    p.add_argument("-c", "--ctx", type=int, default=4096, help="context length (default 4096)")
+    p.add_argument("-b", "--ubatch", type=int, default=128, help="ubatch tokens (default 128)")
+    p.add_argument("--reserve-mb", type=float, default=None, help="head room (default 900)")
+    p.add_argument(
+        "--cache-mode",
+        choices=("pagecache", "dontneed", "direct"),
+        default="pagecache",
+        help="slot alignment follows the cache mode (direct: 4096)",
+    )
+    p.add_argument("--io-threads", type=int, default=8, help="I/O pool threads (default 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    from sdq.gguf import open_model
+    from sdq.memory import DEFAULT_RESERVE_MB, plan_memory
+
+    model = open_model(args.model)
+    reserve = DEFAULT_RESERVE_MB if args.reserve_mb is None else args.reserve_mb
+    plan = plan_memory(
+        model,
+        args.ram_budget_mb,
+        args.ctx,
+        args.ubatch,
+        reserve_mb=reserve,
+        cache_mode=args.cache_mode,
+        io_threads=args.io_threads,
+    )
+    if args.json:
+        print(json.dumps({"model": str(model.path), **plan.to_dict()}, indent=1))
+        return 0
+    print(f"memory plan for {model.path.name}: budget {args.ram_budget_mb:g} MB")
+    rows = plan.rows()
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'item':<{width}}  {'MB':>10}  note")
+    for name, mb, note in rows:
+        print(f"{name:<{width}}  {mb:>10.1f}  {note}")
+    return 0

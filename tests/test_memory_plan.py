@@ -1,0 +1,122 @@
+"""sdq.memory: every buffer counted before allocating; a budget too small states the minimum."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pager_support import make_model
+
+from sdq.cli import main
+from sdq.errors import PlanError
+from sdq.expert_io import SlotLayout
+from sdq.memory import IO_THREAD_STACK_BYTES, MB, SLOT_META_BYTES, plan_memory
+from sdq.workspace import workspace_bytes
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("mem") / "experts.bin", n_layers=2, n_expert=8, k=2)
+
+
+def test_slots_fill_what_is_left(model):
+    plan = plan_memory(model, 64, n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=20 * MB)
+    ws = workspace_bytes(model.spec, 256, 16)
+    assert plan.kv_bytes == ws["k_cache"] + ws["v_cache"]
+    assert plan.kv_bytes + plan.compute_bytes == sum(ws.values())
+    assert plan.pager_bytes == 8 * IO_THREAD_STACK_BYTES
+    assert plan.dense_bytes == model.dense_bytes and plan.rss_bytes == 20 * MB
+    fixed = 20 * MB + model.dense_bytes + sum(ws.values()) + plan.pager_bytes + 8 * MB
+    assert plan.fixed_bytes == fixed
+    per_slot = plan.slot_bytes + SLOT_META_BYTES
+    assert plan.slots == (64 * MB - fixed) // per_slot
+    assert 0 <= plan.left_bytes < per_slot
+    assert plan.slot_bytes == SlotLayout.for_table(model.experts, "pagecache").slot_bytes
+
+
+def test_direct_slots_are_page_aligned_and_larger(model):
+    buffered = plan_memory(model, 64, 256, 16, reserve_mb=8, rss_now=0)
+    direct = plan_memory(model, 64, 256, 16, reserve_mb=8, rss_now=0, cache_mode="direct")
+    assert direct.slot_bytes % 4096 == 0 and direct.align == 4096
+    assert direct.slot_bytes > buffered.slot_bytes >= model.experts.max_expert_bytes
+
+
+def test_too_small_budget_states_the_minimum(model):
+    plan = plan_memory(model, 64, 256, 16, reserve_mb=8, rss_now=10 * MB)
+    minimum_mb = plan.min_budget_bytes / MB
+    ok = plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MB)
+    assert ok.slots == model.spec.n_expert_used
+    with pytest.raises(PlanError, match=rf"minimum budget {minimum_mb:.1f} MB") as info:
+        plan_memory(model, minimum_mb - 0.01, 256, 16, reserve_mb=8, rss_now=10 * MB)
+    assert "at least 2 are needed" in str(info.value)
+    with pytest.raises(PlanError, match="at least 5 are needed"):
+        plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MB, extra_slots=3)
+
+
+def test_rss_is_measured_when_not_given(model):
+    plan = plan_memory(model, 4096, 256, 16, reserve_mb=8)
+    assert 1 * MB < plan.rss_bytes < 4096 * MB
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    from gguf_builders import Layout, write_model
+
+    path, _ = write_model(tmp_path_factory.mktemp("gguf") / "m.gguf", Layout(n_layer=2, n_expert=8))
+    return path
+
+
+def test_plan_command_table_json_and_error(gguf_model, capsys):
+    assert (
+        main(
+            [
+                "plan",
+                str(gguf_model),
+                "--ram-budget-mb",
+                "2000",
+                "-c",
+                "256",
+                "-b",
+                "16",
+                "--reserve-mb",
+                "10",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    for item in (
+        "RSS now",
+        "dense weights",
+        "KV cache",
+        "compute buffers",
+        "reserve",
+        "expert arena",
+        "minimum",
+    ):
+        assert item in out
+    assert (
+        main(
+            [
+                "plan",
+                str(gguf_model),
+                "--ram-budget-mb",
+                "2000",
+                "-c",
+                "256",
+                "-b",
+                "16",
+                "--reserve-mb",
+                "10",
+                "--cache-mode",
+                "direct",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert d["slots"] > 0 and d["slot_bytes"] % 4096 == 0 and d["cache_mode"] == "direct"
+    assert main(["plan", str(gguf_model), "--ram-budget-mb", "5", "-c", "256", "-b", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sdq plan: error: RAM budget 5 MB") and "minimum budget" in err

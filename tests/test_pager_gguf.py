@@ -1,0 +1,110 @@
+"""The pager on real GGUF files (sdq.gguf.open_model) and `sdq bench layer-miss`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from gguf_builders import Layout, Q, write_model
+
+from sdq.cli import main
+from sdq.gguf import open_model
+from sdq.memory import plan_for_slots
+from sdq.pager import CacheSettings, ExpertCache, IOSettings
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    lay = Layout(n_layer=3, n_expert=8, n_used=2, expert_qtypes=(Q.Q8_0, Q.F16, Q.Q8_0))
+    path, _ = write_model(tmp_path_factory.mktemp("gguf") / "m.gguf", lay)
+    return path
+
+
+@pytest.mark.parametrize("cache_mode", ["pagecache", "direct"])
+def test_views_match_tensor_data(gguf_path, cache_mode):
+    model = open_model(gguf_path)
+    t = model.require_experts()
+    data = gguf_path.read_bytes()
+    cache = ExpertCache(
+        model,
+        plan_for_slots(model, 4, cache_mode),
+        IOSettings(threads=2, cache_mode=cache_mode),
+        CacheSettings(),
+    )
+    layer = t.layers[-1]
+    h = cache.acquire(layer, [7, 0])
+    for i, e in enumerate(h.experts):
+        h.wait(i)
+        for p, (part, view) in enumerate(zip(("gate", "up", "down"), h.views(i), strict=True)):
+            ti = model.tensors[f"blk.{layer}.ffn_{part}_exps.weight"]
+            per = ti.nbytes // t.n_expert  # experts lie back to back in the 3-D tensor
+            want = np.frombuffer(data[ti.offset + e * per : ti.offset + (e + 1) * per], np.uint8)
+            assert np.array_equal(view.reshape(-1), want)
+            assert view.shape[0] == t.shapes[p][0]
+    cache.release(h)
+    cache.close()
+
+
+def test_bench_layer_miss_runs_and_compares_modes(gguf_path, capsys):
+    args = [
+        "bench",
+        "layer-miss",
+        str(gguf_path),
+        "--experts",
+        "4",
+        "--mode",
+        "serial,parallel,split",
+        "--split",
+        "2",
+        "--io-threads",
+        "2,4",
+        "--cache-mode",
+        "dontneed",
+        "--repeat",
+        "2",
+        "--json",
+    ]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["cache_mode"] == "dontneed"
+    labels = [r["label"] for r in d["rows"]]
+    assert labels == [
+        "serial x2",
+        "serial x4",
+        "parallel x2",
+        "parallel x4",
+        "split2 x2",
+        "split2 x4",
+    ]
+    for r in d["rows"]:
+        assert (
+            r["median_ms"] > 0
+            and r["gb_s"] > 0
+            and r["best_other"].split()[0] != r["label"].split()[0]
+        )
+        assert r["expert_bytes"] > 0
+    assert main(args[:-1]) == 0
+    assert "cache mode: dontneed" in capsys.readouterr().out
+    assert main(["bench", "layer-miss", str(gguf_path), "--mode", "fast"]) == 2
+    assert "--mode 'fast'" in capsys.readouterr().err
+    if hasattr(os, "O_DIRECT"):
+        assert (
+            main(
+                args[:3]
+                + [
+                    "--experts",
+                    "2",
+                    "--mode",
+                    "parallel",
+                    "--io-threads",
+                    "2",
+                    "--cache-mode",
+                    "direct",
+                    "--repeat",
+                    "1",
+                ]
+            )
+            == 0
+        )
