@@ -656,12 +656,15 @@ def anatomy(model: Model) -> dict[str, Any]:
         },
         "total_bytes": model.total_bytes,
         "dense_bytes": model.dense_bytes,
-        "routed_expert_bytes": model.routed_bytes,
+        "routed_expert_bytes": model.routed_bytes,  # MTP layers' experts included
         "mtp": {
             "present": bool(mtp_names) or spec.n_nextn_layer > 0,
             "nextn_predict_layers": spec.n_nextn_layer,
             "tensors": len(mtp_names),
             "bytes": sum(tensors[n].nbytes for n in mtp_names),
+            # everything in the MTP role: nextn tensors plus whole layers >= n_layer
+            "role_tensors": by_class["mtp"],
+            "role_bytes": bytes_by_class["mtp"],
         },
         "unsupported_compute": sorted(
             {t.qtype.name for t in tensors.values() if t.qtype not in SUPPORTED_COMPUTE}

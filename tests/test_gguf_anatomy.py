@@ -232,6 +232,8 @@ def test_nextn_layers_are_mtp_not_decoder_layers(tmp_path):
     info = anatomy(m)
     mtp = info["mtp"]
     assert mtp["present"] and mtp["tensors"] == 2 and mtp["nextn_predict_layers"] == 1
+    assert mtp["role_tensors"] == info["tensor_classes"]["mtp"]["count"]
+    assert "MTP      present: 2 nextn/mtp tensors" in render(info)
     # the MTP layer's own experts are routed tensors on disk, but not decoder experts
     assert info["tensor_classes"]["mtp"]["count"] == len(
         [n for n in m.tensors if n.startswith("blk.2.")]

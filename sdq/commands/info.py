@@ -93,7 +93,7 @@ def render(info: dict) -> str:
     sizes = [
         ("all tensors", info["total_bytes"]),
         ("dense (resident)", info["dense_bytes"]),
-        ("routed experts", info["routed_expert_bytes"]),
+        ("routed experts (paged)", info["routed_expert_bytes"]),
     ]
     ex = info["experts"]
     if ex:
@@ -133,8 +133,12 @@ def render(info: dict) -> str:
     mtp = info["mtp"]
     if mtp["present"]:
         out.append(
-            f"MTP      present: {mtp['tensors']} nextn/mtp tensors, {_n(mtp['bytes'])} bytes, "
+            f"MTP      present: {mtp['tensors']} nextn/mtp tensors ({_n(mtp['bytes'])} bytes), "
             f"nextn_predict_layers {mtp['nextn_predict_layers']}"
+        )
+        out.append(
+            f"         MTP layers in all: {mtp['role_tensors']} tensors, "
+            f"{_n(mtp['role_bytes'])} bytes (not run by sdq)"
         )
     else:
         out.append("MTP      none (no nextn/mtp tensors)")
