@@ -622,8 +622,11 @@ TENSOR_CLASSES = (
 )
 
 
-def anatomy(model: Model) -> dict[str, Any]:
-    """Everything `sdq info` shows, as one JSON-ready dict (no tensor data is read)."""
+def anatomy(model: Model, layer: int | None = None, expert: int = 0) -> dict[str, Any]:
+    """Everything `sdq info` shows, as one JSON-ready dict (no tensor data is read).
+
+    The T2 segments are those of `expert` in `layer` (default: the first MoE layer).
+    """
     spec, tensors = model.spec, model.tensors
     by_type: Counter[str] = Counter()
     bytes_by_type: Counter[str] = Counter()
@@ -673,15 +676,15 @@ def anatomy(model: Model) -> dict[str, Any]:
     }
     if model.has_experts:
         ex = model.experts
-        layer = ex.layers[0]
+        layer = ex.layers[0] if layer is None else layer
         segments = []
         for p, part in enumerate(PARTS):
-            seg = ex.segment(layer, 0, p)
+            seg = ex.segment(layer, expert, p)
             rows, cols = ex.shapes[p]
             segments.append(
                 {
                     "layer": layer,
-                    "expert": 0,
+                    "expert": expert,
                     "part": part,
                     "offset": seg.offset,
                     "nbytes": seg.nbytes,
@@ -696,10 +699,20 @@ def anatomy(model: Model) -> dict[str, Any]:
             "n_expert": ex.n_expert,
             "n_expert_used": spec.n_expert_used,
             "fused_gate_up": ex.fused_gate_up,
-            "expert_bytes": ex.expert_bytes(layer, 0),
+            "expert_bytes": ex.expert_bytes(layer, expert),
             "max_expert_bytes": ex.max_expert_bytes,
-            "layer_bytes": int(ex.nbytes[0].sum()),
+            "layer_bytes": int(ex.nbytes[ex.row(layer)].sum()),
             "table_bytes": ex.total_bytes,
-            "segments": segments,  # table T2: L0E0 gate/up/down
+            "segments": segments,  # table T2: one expert's gate/up/down
+            # quant mixes (Q4_K_M) vary by layer: part -> qtype -> layers holding it
+            "part_qtypes": {
+                part: {
+                    GGMLQuantizationType(int(q)).name: _ranges(
+                        [ly for ly, lq in zip(ex.layers, ex.qtypes[:, p], strict=True) if lq == q]
+                    )
+                    for q in np.unique(ex.qtypes[:, p])
+                }
+                for p, part in enumerate(PARTS)
+            },
         }
     return out

@@ -270,6 +270,9 @@ def test_anatomy_json_and_text(tmp_path):
     for s in t2:
         seg = m.experts.segment(0, 0, s["part"])
         assert (s["offset"], s["nbytes"], s["qtype"]) == (seg.offset, seg.nbytes, seg.qtype.name)
+    assert info["experts"]["part_qtypes"] == {p: {"Q8_0": "0-1"} for p in PARTS}
+    other = anatomy(m, layer=1, expert=3)["experts"]["segments"]
+    assert [s["offset"] for s in other] == [m.experts.segment(1, 3, p).offset for p in PARTS]
     text = render(info)
     for s in t2:
         assert f"{s['offset']:,}" in text and f"{s['nbytes']:,}" in text

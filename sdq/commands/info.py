@@ -10,6 +10,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="path to a .gguf file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
+        "--layer", type=int, default=None, help="MoE layer of the T2 table (default: the first)"
+    )
+    parser.add_argument("--expert", type=int, default=0, help="expert of the T2 table")
+    parser.add_argument(
         "--check",
         action="store_true",
         help="also fail (exit 2) unless sdq can run the model: routed experts present and "
@@ -24,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         model.require_experts()
         model.require_compute()
-    info = anatomy(model)
+    info = anatomy(model, layer=args.layer, expert=args.expert)
     if args.json:
         print(json.dumps(info, indent=1))
     else:
@@ -112,6 +116,9 @@ def render(info: dict) -> str:
             f"experts  {ex['n_expert']} per layer, {ex['n_expert_used']} used per token, "
             f"{ex['moe_layers']} MoE layers ({ex['layers']}){fused}"
         )
+        for part, by_type in ex["part_qtypes"].items():
+            kinds = "; ".join(f"{q} in layers {layers}" for q, layers in by_type.items())
+            out.append(f"  {part:<5} {kinds}")
         out.append(f"T2: layer {seg0['layer']}, expert {seg0['expert']} on disk")
         out += _table(
             ["part", "offset", "bytes", "qtype", "rows x cols"],
