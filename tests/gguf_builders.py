@@ -38,7 +38,7 @@ class Layout:
     legacy_experts: bool = False  # one 2-D tensor per expert: blk.N.ffn_gate.E.weight
     tied: bool = False
     n_vocab: int = 100
-    expert_qtypes: tuple = (Q.Q8_0, Q.Q8_0, Q.Q8_0)  # gate, up, down
+    expert_qtypes: tuple | list = (Q.Q8_0, Q.Q8_0, Q.Q8_0)  # gate, up, down; list: per layer
     dense_qtype: GGMLQuantizationType = Q.F16
     extra_kv: dict = field(default_factory=dict)
     extra_tensors: dict = field(default_factory=dict)  # name -> (NumPy shape, qtype)
@@ -116,7 +116,8 @@ def write_model(path: Path, lay: Layout, seed: int = 0) -> tuple[Path, dict[str,
             add(f"{b}.ffn_down.weight", (D, lay.dense_ffn), lay.dense_qtype)
             continue
         add(f"{b}.ffn_gate_inp.weight", (E, D), Q.F32)
-        qg, qu, qd = lay.expert_qtypes
+        per_layer = isinstance(lay.expert_qtypes, list)
+        qg, qu, qd = lay.expert_qtypes[i] if per_layer else lay.expert_qtypes
         if lay.legacy_experts:
             for e in range(E):
                 for part, shape_np, qtype in (

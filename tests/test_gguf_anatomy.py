@@ -104,6 +104,23 @@ def test_kquant_mix_like_the_seed(tmp_path):
     assert anatomy(m)["unsupported_compute"] == []
 
 
+def test_quant_mix_varies_by_layer(tmp_path):
+    # Q4_K_M gives some layers' down experts more bits (Q6_K) than others (Q4_K)
+    mix = [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q4_K, Q.Q4_K, Q.Q4_K), (Q.Q4_K, Q.Q4_K, Q.Q6_K)]
+    path, routed = build(
+        tmp_path, n_layer=3, n_embd=256, expert_ffn=256, head_dim=64, expert_qtypes=mix
+    )
+    m = open_model(path)
+    ex = m.experts
+    assert ex.qtypes.tolist() == [[int(q) for q in layer] for layer in mix]
+    assert ex.expert_bytes(0, 0) == 2 * 256 * 144 + 256 * 210
+    assert ex.expert_bytes(1, 0) == 3 * 256 * 144
+    assert ex.max_expert_bytes == ex.expert_bytes(2, 3)
+    check_offsets(m, routed)
+    parts = anatomy(m)["experts"]["part_qtypes"]
+    assert parts["down"] == {"Q4_K": "1", "Q6_K": "0, 2"} and parts["gate"] == {"Q4_K": "0-2"}
+
+
 def test_matches_gguf_reader(tmp_path):
     path, _ = build(tmp_path, shared_ffn=48, arch="qwen2moe")
     m = open_model(path)
