@@ -9,6 +9,7 @@ Dimension key: L MoE layers (ExpertTable rows), E experts, D n_embd, F expert FF
 Tensor names (llama.cpp convention, `blk.{i}.` prefix):
   routed experts   ffn_gate_exps, ffn_up_exps, ffn_down_exps (3-D: [cols, rows, E] in ggml order)
                    or a fused ffn_gate_up_exps ([D, 2F, E]; rows 0..F-1 gate, F..2F-1 up)
+                   or, in early Mixtral files, 2-D ffn_gate.{e}, ffn_up.{e}, ffn_down.{e} per expert
   shared experts   ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp (+ ffn_gate_inp_shexp)
   dense FFN        ffn_gate, ffn_up, ffn_down (e.g. deepseek2's leading dense layers)
   MTP / nextn      blk.{i}.nextn.* in layers i >= n_layer (block_count - nextn_predict_layers)
@@ -153,7 +154,9 @@ class ExpertTable:
     def segment(self, layer: int, expert: int, part: int | str) -> Segment:
         i = self.row(layer)
         self._check_expert(expert)
-        p = PARTS.index(part) if isinstance(part, str) else int(part)
+        p = PARTS.index(part) if part in PARTS else part
+        if p not in (0, 1, 2):
+            raise GGUFError(f"expert part {part!r} is not one of {PARTS} or 0..2")
         return Segment(
             int(self.offsets[i, expert, p]),
             int(self.nbytes[i, expert, p]),
