@@ -24,8 +24,9 @@ test: setup
 	$(PY) -m pytest -q
 
 # Run every notebook with params/$(PARAMS).yaml into outputs/<notebook>/$(PARAMS)/, then docs/.
+# ONLY=00_model_anatomy runs just that notebook.
 reproduce: setup
-	$(PY) -m sdq.lab.reproduce --params $(PARAMS)
+	$(PY) -m sdq.lab.reproduce --params $(PARAMS) $(if $(ONLY),--only $(ONLY))
 	$(MAKE) --no-print-directory docs PARAMS=$(PARAMS)
 
 # Render docs/ from outputs/ (tables and charts are inserted, never typed).
