@@ -30,6 +30,7 @@ class Dims:
     n_vocab: int = 300
     tied: bool = False
     rope_base: float = 10_000.0
+    eos_id: int = 299
 
 
 def write_model(path: Path, dims: Dims, qtype: Q = Q.F32, seed: int = 0) -> Path:
@@ -51,7 +52,9 @@ def write_model(path: Path, dims: Dims, qtype: Q = Q.F32, seed: int = 0) -> Path
     w.add_expert_used_count(d.n_used)
     w.add_expert_feed_forward_length(F)
     w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
     w.add_token_list([f"t{i}" for i in range(d.n_vocab)])
+    w.add_eos_token_id(d.eos_id)
 
     def add(name, shape, scale=0.3, matrix=True):
         values = (rng.standard_normal(shape) * scale).astype(np.float32)
