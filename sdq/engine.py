@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sdq.errors import SdqError, UnsupportedError
-from sdq.kernels import dequantize, matmul, matvec
+from sdq.kernels import dequantize
+from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
+from sdq.kernels.dot import matmul_q
 from sdq.workspace import Workspace
 
 SUPPORTED_ARCHS = ("qwen3moe",)
@@ -50,17 +52,27 @@ class Matrix:
     rows: int
     cols: int
 
-    def matvec(self, x: np.ndarray, out: np.ndarray) -> None:  # x [cols] -> out [rows]
-        matvec(self.raw, self.qtype, self.rows, self.cols, x, out)
+    def mul(self, acts: Activations, out: np.ndarray) -> None:  # X [T, cols] -> out [T, rows]
+        matmul_q(self.raw, self.qtype, self.rows, self.cols, acts.of(self.qtype), out)
 
-    def matmul(self, X: np.ndarray, out: np.ndarray) -> None:  # X [T, cols] -> out [T, rows]
-        if X.shape[0] == 1:
-            matvec(self.raw, self.qtype, self.rows, self.cols, X[0], out[0])
-        else:
-            matmul(self.raw, self.qtype, self.rows, self.cols, X, out)
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:  # [n] -> [n, cols] f32
+        return dequantize(self.raw[ids], self.qtype, len(ids), self.cols)
 
-    def row(self, i: int) -> np.ndarray:  # [cols] f32
-        return dequantize(self.raw[i : i + 1], self.qtype, 1, self.cols)[0]
+
+class Activations:
+    """Activations X [T, cols] converted (as ggml does: Q8_K, Q8_0, F16...) once per format,
+    then shared by every matrix that multiplies them (q/k/v; all experts' gate and up)."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+        self._by_format: dict = {}
+
+    def of(self, weight_qtype):
+        fmt = ACT_TYPE[weight_qtype]
+        qx = self._by_format.get(fmt)
+        if qx is None:
+            qx = self._by_format[fmt] = quantize_activation(self.x, weight_qtype)
+        return qx
 
 
 @dataclass
@@ -279,8 +291,7 @@ class Engine:
         t0 = time.perf_counter()
         ws, w = self.ws, self.weights
         x = ws.x[:T]  # [T, D]
-        for t, tok in enumerate(tokens):
-            x[t] = w.token_embd.row(int(tok))
+        x[:] = w.token_embd.rows_of(tokens)
         self.timers.add("other", time.perf_counter() - t0)
 
         for il, lw in enumerate(w.layers):
@@ -294,12 +305,12 @@ class Engine:
             out = None
         elif logits == "last":
             _rms_norm(x[T - 1 : T], w.output_norm, self.spec.rms_eps, xn[:1])
-            w.output.matvec(xn[0], ws.logits)
+            w.output.mul(Activations(xn[:1]), ws.logits.reshape(1, -1))
             out = ws.logits
         else:
             _rms_norm(x, w.output_norm, self.spec.rms_eps, xn)
             out = np.empty((T, self.spec.n_vocab), np.float32)
-            w.output.matmul(xn, out)
+            w.output.mul(Activations(xn), out)
         self.timers.add("other", time.perf_counter() - t0)
         return out
 
@@ -311,9 +322,10 @@ class Engine:
         x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
         q, k, v = ws.q[:T], ws.k[:T], ws.v[:T]  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
         _rms_norm(x, lw.attn_norm, eps, xn)
-        lw.wq.matmul(xn, q)
-        lw.wk.matmul(xn, k)
-        lw.wv.matmul(xn, v)
+        acts = Activations(xn)
+        lw.wq.mul(acts, q)
+        lw.wk.mul(acts, k)
+        lw.wv.mul(acts, v)
         q3 = q.reshape(T, H, Dh)
         k3 = k.reshape(T, Hkv, Dh)
         _rms_norm(q3, lw.q_norm, eps, q3)
@@ -326,7 +338,7 @@ class Engine:
         ws.v_cache[il, p0 : p0 + T] = v
         attn = ws.attn[:T]  # [T, H*Dh]
         _attention(q3, ws.k_cache[il], ws.v_cache[il], p0, Hkv, ws.scores, attn.reshape(T, H, Dh))
-        lw.wo.matmul(attn, xn)  # xn reused as the projection's output [T, D]
+        lw.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)
 
@@ -337,7 +349,8 @@ class Engine:
         x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
         _rms_norm(x, lw.ffn_norm, s.rms_eps, xn)
         router = ws.router[:T]  # [T, E]
-        lw.router.matmul(xn, router)
+        acts = Activations(xn)
+        lw.router.mul(acts, router)
         ids, weights = ws.topk_ids[:T], ws.topk_w[:T]  # [T, K]
         _softmax_topk(router, K, s.norm_topk_prob, ids, weights)
         if self.route_log is not None:
@@ -360,7 +373,7 @@ class Engine:
                     tw = time.perf_counter()
                     handle.wait(i)
                     wait_s += time.perf_counter() - tw
-                    self._expert(int(chunk[i]), handle.views(i), ids, weights, T)
+                    self._expert(int(chunk[i]), handle.views(i), ids, weights, T, acts)
             finally:
                 self.experts.release(handle)
         x += out
@@ -368,32 +381,31 @@ class Engine:
         self.timers.add("io_wait", wait_s)
         self.timers.add("expert_compute", t2 - t1 - wait_s)
 
-    def _expert(self, e: int, views, ids: np.ndarray, weights: np.ndarray, T: int) -> None:
-        """ffn_out[t] += w[t] * down(silu(gate x_t) * up x_t) for the tokens t routed to e."""
+    def _expert(self, e: int, views, ids, weights, T: int, acts: Activations) -> None:
+        """ffn_out[t] += w[t] * down(silu(gate x_t) * up x_t) for the tokens t routed to e.
+
+        acts: the layer's normed input xn [T, D], converted once for every expert (decode)."""
         ws = self.ws
-        (gr, gc), (ur, uc), (dr, dc) = self.expert_shapes
+        (F, D), _, _ = self.expert_shapes
         gq, uq, dq = self.expert_qtypes[self._layer]
         gate_raw, up_raw, down_raw = views
         if T == 1:
-            k = int(np.flatnonzero(ids[0] == e)[0])
-            xin = ws.xn[0]  # [D]
-            g, u, d = ws.ffn_gate[0], ws.ffn_up[0], ws.ffn_down[0]
-            matvec(gate_raw, gq, gr, gc, xin, g)
-            matvec(up_raw, uq, ur, uc, xin, u)
-            _silu_mul(g, u)
-            matvec(down_raw, dq, dr, dc, g, d)
-            ws.ffn_out[0] += weights[0, k] * d
-            return
-        rows, slots = np.nonzero(ids == e)  # tokens routed to e, and where in their top-K
-        n = rows.shape[0]
-        xin = ws.ffn_in[:n]  # [n, D]
-        np.take(ws.xn[:T], rows, axis=0, out=xin)
+            rows = slice(0, 1)
+            w = weights[0, int(np.flatnonzero(ids[0] == e)[0])]
+            n = 1
+        else:
+            rows, slots = np.nonzero(ids == e)  # tokens routed to e, and where in their top-K
+            w = weights[rows, slots][:, None]  # [n, 1]
+            n = rows.shape[0]
+            xin = ws.ffn_in[:n]  # [n, D]
+            np.take(ws.xn[:T], rows, axis=0, out=xin)
+            acts = Activations(xin)
         g, u, d = ws.ffn_gate[:n], ws.ffn_up[:n], ws.ffn_down[:n]  # [n, F] [n, F] [n, D]
-        Matrix("gate", gate_raw, gq, gr, gc).matmul(xin, g)
-        Matrix("up", up_raw, uq, ur, uc).matmul(xin, u)
+        matmul_q(gate_raw, gq, F, D, acts.of(gq), g)
+        matmul_q(up_raw, uq, F, D, acts.of(uq), u)
         _silu_mul(g, u)
-        Matrix("down", down_raw, dq, dr, dc).matmul(g, d)
-        d *= weights[rows, slots][:, None]
+        matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d)
+        d *= w
         ws.ffn_out[rows] += d  # rows are distinct: a token picks an expert at most once
 
 
