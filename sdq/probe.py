@@ -156,6 +156,7 @@ class ProbeSettings:
     scratch_dir: Path = Path(".")
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES
     seed: int = 0
+    fio: bool = False  # also run each level cell with fio (when installed), interleaved
 
     def validate(self) -> None:
         def positive(name, value):
@@ -461,6 +462,8 @@ class ProbeResult:
     small: list[ReadStats] = field(default_factory=list)
     split: list[ReadStats] = field(default_factory=list)
     split_threads: int = 0
+    fio: list[dict] = field(default_factory=list)  # fio on the same level cells (fio_summary)
+    fio_note: str = ""  # fio's version, or why there is no fio column
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -541,6 +544,67 @@ def storage_of(path: Path):
     return storage
 
 
+def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, rng, say) -> None:
+    """All cells, repeats outermost: run r of every cell before run r + 1 of any, so slow
+    phases of a shared machine spread over all cells instead of biasing one. fio (when asked)
+    runs right after sdq's run of the same cell."""
+    mode, size, reads, repeat = settings.cache_mode, settings.size, settings.reads, settings.repeat
+    small_reads = settings.small_reads or 4 * reads
+    fio = None
+    if settings.fio:
+        from sdq.probe_fio import fio_binary, fio_version, run_fio
+
+        if fio_binary() is None:
+            result.fio_note = "fio is not installed"
+        else:
+            fio, result.fio_note = run_fio, fio_version() or "fio"
+    levels = {t: [] for t in settings.threads}
+    small = {t: [] for t in settings.small_threads}
+    fio_runs = {t: [] for t in settings.threads}
+    for r in range(repeat):
+        for t in settings.threads:
+            say(f"run {r + 1}/{repeat}: {size} B x {reads} reads at {t} threads")
+            levels[t] += _level(path, fd, file_bytes, size=size, threads=t, reads=reads,
+                                cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
+            if fio is not None:
+                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=reads,
+                                       cache_mode=mode))  # fmt: skip
+        for t in settings.small_threads:
+            say(f"run {r + 1}/{repeat}: 4 KiB x {small_reads} reads at {t} threads")
+            small[t] += _level(path, fd, file_bytes, size=SMALL_SIZE, threads=t,
+                               reads=small_reads, cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
+    result.levels = [summarize(runs, threads=t, size=size) for t, runs in levels.items()]
+    result.small = [summarize(runs, threads=t, size=SMALL_SIZE) for t, runs in small.items()]
+    if fio is not None:
+        result.fio = [fio_summary(runs) for runs in fio_runs.values()]
+
+    threads = settings.split_threads or recommend(result).io_threads
+    result.split_threads = threads
+    cells = [(b, s) for b in sorted({1, settings.split_batch}) for s in settings.splits]
+    split_runs = {c: [] for c in cells}
+    for r in range(repeat):
+        for batch, s in cells:
+            say(f"run {r + 1}/{repeat}: split {s}, batch {batch} segments, {threads} threads")
+            split_runs[batch, s] += _split_cell(fd, file_bytes, size=size, split=s,
+                                                threads=threads, batch=batch, reads=reads,
+                                                cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
+    result.split = [
+        summarize(runs, threads=threads, size=size, split=s, batch=b)
+        for (b, s), runs in split_runs.items()
+    ]
+
+
+def fio_summary(runs) -> dict:
+    """Medians over fio runs of one cell (FioStats), in ReadStats' field names."""
+    med = {k: percentile([getattr(r, k) for r in runs], 50) for k in
+           ("median_ms", "mean_ms", "p90_ms", "mb_s", "iops")}  # fmt: skip
+    return dict(
+        threads=runs[0].threads, size=runs[0].size, reads=sum(r.reads for r in runs), **med,
+        mb_s_min=min(r.mb_s for r in runs), mb_s_max=max(r.mb_s for r in runs),
+        cache_mode=runs[0].cache_mode, command=runs[-1].command,
+    )  # fmt: skip
+
+
 def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
     """Run the three sweeps; `progress(str)` is called before each cell when given."""
     settings.validate()
@@ -568,7 +632,6 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
         fd = _open_for(path, settings.cache_mode)
         stack.callback(os.close, fd)
         rng = np.random.default_rng(settings.seed)
-        common = dict(cache_mode=settings.cache_mode, rng=rng, repeat=settings.repeat)
         result = ProbeResult(
             settings=_settings_dict(settings),
             storage=storage.to_dict(),
@@ -578,28 +641,7 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
             reader=READER,
         )
         with _signals_raise():
-            for t in settings.threads:
-                say(f"{settings.size} B x {settings.reads} reads at {t} threads")
-                runs = _level(path, fd, file_bytes, size=settings.size, threads=t,
-                              reads=settings.reads, **common)  # fmt: skip
-                result.levels.append(summarize(runs, threads=t, size=settings.size))
-            small_reads = settings.small_reads or 4 * settings.reads
-            for t in settings.small_threads:
-                say(f"4 KiB x {small_reads} reads at {t} threads")
-                runs = _level(path, fd, file_bytes, size=SMALL_SIZE, threads=t,
-                              reads=small_reads, **common)  # fmt: skip
-                result.small.append(summarize(runs, threads=t, size=SMALL_SIZE))
-            threads = settings.split_threads or recommend(result).io_threads
-            result.split_threads = threads
-            for batch in sorted({1, settings.split_batch}):
-                for s in settings.splits:
-                    say(f"split {s}, batch {batch} segments, {threads} threads")
-                    runs = _split_cell(fd, file_bytes, size=settings.size, split=s,
-                                       threads=threads, batch=batch, reads=settings.reads,
-                                       **common)  # fmt: skip
-                    result.split.append(
-                        summarize(runs, threads=threads, size=settings.size, split=s, batch=batch)
-                    )
+            _sweep(result, settings, path, fd, file_bytes, rng, say)
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -617,29 +659,6 @@ def target_file(
     else:
         with scratch_file(Path(scratch_dir), scratch_bytes, seed) as path:
             yield path
-
-
-def measure_level(
-    path: Path, *, size: int, threads: int, reads: int, cache_mode: str, seed: int = 0
-) -> ReadStats:
-    """One T1 cell on an existing file (one run): e.g. interleaved with fio for a side-by-side."""
-    settings = ProbeSettings(
-        path=Path(path), size=size, threads=(threads,), reads=reads, cache_mode=cache_mode
-    )
-    settings.validate()
-    file_bytes = Path(path).stat().st_size
-    if _read_len(size, cache_mode) > file_bytes:
-        raise ParamsError(f"--size {size} B is larger than {path} ({file_bytes} B)")
-    storage_of(Path(path))
-    fd = _open_for(Path(path), cache_mode)
-    try:
-        with _signals_raise():
-            rng = np.random.default_rng(seed)
-            runs = _level(path, fd, file_bytes, size=size, threads=threads, reads=reads,
-                          cache_mode=cache_mode, rng=rng, repeat=1)  # fmt: skip
-    finally:
-        os.close(fd)
-    return summarize(runs, threads=threads, size=size)
 
 
 def _settings_dict(settings: ProbeSettings) -> dict:

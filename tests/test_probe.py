@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdq import probe
-from sdq.errors import ParamsError
+from sdq.errors import ParamsError, ReadError
 from sdq.probe import (
     PAGE,
     ProbeResult,
@@ -278,3 +278,36 @@ def test_storage_labels_name_the_device_of_the_file(tmp_path):
     assert info.file_bytes == 10 and info.ram_bytes > 0
     assert info.fstype  # every file is on some mount listed in /proc/self/mountinfo
     assert info.fstype in info.label()
+
+
+def test_parse_fio_json():
+    from sdq.probe_fio import parse_fio_json
+
+    # the shape of `fio --output-format=json --lat_percentiles=1 --percentile_list=50:90`
+    doc = {
+        "fio version": "fio-3.33",
+        "jobs": [
+            {
+                "jobname": "sdq-probe",
+                "error": 0,
+                "read": {
+                    "io_bytes": 64 * 1_900_544,
+                    "bw_bytes": 1_351_497_955,
+                    "iops": 711.1,
+                    "total_ios": 64,
+                    "runtime": 90,
+                    "lat_ns": {
+                        "mean": 5_510_152.2,
+                        "percentile": {"50.000000": 5_799_936, "90.000000": 6_914_048},
+                    },
+                },
+            }
+        ],
+    }
+    text = "note: some warning\n" + json.dumps(doc)
+    f = parse_fio_json(text, threads=4, size=1_900_544, cache_mode="direct", command="fio ...")
+    assert f.reads == 64 and f.threads == 4
+    assert f.median_ms == pytest.approx(5.799936) and f.p90_ms == pytest.approx(6.914048)
+    assert f.mean_ms == pytest.approx(5.5101522) and f.mb_s == pytest.approx(1351.497955)
+    with pytest.raises(ReadError, match="no JSON"):
+        parse_fio_json("fio: command failed", threads=1, size=1, cache_mode="direct", command="")

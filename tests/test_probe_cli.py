@@ -134,3 +134,29 @@ def test_model_sets_read_size_and_batch_from_its_experts(disk_dir, capsys):
     assert data["settings"]["split_batch"] == 3 * model.spec.n_expert_used
     assert {c["batch"] for c in data["split"]} == {1, 3 * model.spec.n_expert_used}
     assert path.exists()  # a given file is read, never removed
+
+
+def test_fio_side_by_side(disk_dir, capsys):
+    import shutil
+
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed")
+    code, out, err = run_cli(
+        [*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio", "--json"], capsys
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert [f["threads"] for f in data["fio"]] == [1, 2]
+    for f in data["fio"]:
+        assert f["reads"] == 8 and f["mb_s"] > 0 and f["median_ms"] > 0
+        assert "--direct=1" in f["command"] and "--bs=262144" in f["command"]
+    assert data["fio_note"].startswith("fio")
+
+
+def test_fio_missing_is_said_not_fatal(disk_dir, capsys, monkeypatch):
+    import sdq.probe_fio
+
+    monkeypatch.setattr(sdq.probe_fio, "fio_binary", lambda: None)
+    code, out, err = run_cli([*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio"], capsys)
+    assert code == 0, err
+    assert "fio: fio is not installed" in out

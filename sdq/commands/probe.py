@@ -68,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scratch-size", type=parse_bytes, default=1 << 30, help="scratch file size (1G)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random offsets")
+    parser.add_argument(
+        "--fio",
+        action="store_true",
+        help="also run each concurrency level with fio (same pattern, interleaved) when installed",
+    )
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument(
         "--profile-out", type=Path, help="write the I/O profile for `sdq chat --io-profile`"
@@ -95,6 +100,7 @@ def settings_from_args(args):
         scratch_dir=args.scratch_dir,
         scratch_bytes=args.scratch_size,
         seed=args.seed,
+        fio=args.fio,
     )
     if args.size is not None:
         fields.update(size=args.size, size_source="--size")
@@ -127,6 +133,16 @@ def format_report(result, rec) -> str:
             f"{r.threads:>7} {r.size:>9} {r.median_ms:>10.3f} {r.mean_ms:>9.3f} {r.p90_ms:>8.3f} "
             f"{r.mb_s:>8.0f} {r.iops:>8.0f}"
         )
+    if result.fio:
+        lines += ["", f"fio, same pattern, interleaved with the rows above ({result.fio_note}):"]
+        for f in result.fio:
+            lines.append(
+                f"{f['threads']:>7} {f['size']:>9} {f['median_ms']:>10.3f} {f['mean_ms']:>9.3f} "
+                f"{f['p90_ms']:>8.3f} {f['mb_s']:>8.0f} {f['iops']:>8.0f}"
+            )
+        lines.append(f"  e.g. {result.fio[-1]['command']}")
+    elif result.fio_note:
+        lines += ["", f"fio: {result.fio_note}"]
     lines += [
         "",
         f"chunking at {result.split_threads} I/O threads (segment latency: batch submit to "
