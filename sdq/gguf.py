@@ -84,12 +84,12 @@ class ModelSpec:
     n_expert_used: int
     expert_ffn: int
     n_shared_expert: int
-    shared_ffn: int
+    shared_ffn: int  # rows of ffn_up_shexp: all shared experts together (deepseek2: n_shared * F)
     n_vocab: int
     n_ctx_train: int
     rope_base: float
     rms_eps: float
-    norm_topk_prob: bool
+    norm_topk_prob: bool  # renormalize the top-k router weights to sum 1
     tied_embeddings: bool
     moe_layers: tuple[int, ...]
     n_nextn_layer: int = 0  # MTP layers stored after the decoder layers (block_count - n_layer)
