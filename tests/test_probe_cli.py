@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +164,31 @@ def test_fio_missing_is_said_not_fatal(disk_dir, capsys, monkeypatch):
     code, out, err = run_cli([*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio"], capsys)
     assert code == 0, err
     assert "fio: fio is not installed" in out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_scratch_file_removed_when_the_command_is_interrupted(disk_dir, sig):
+    """Ctrl-C (SIGINT) or SIGTERM during a run: exit 130, one line, no scratch file left."""
+    cmd = [sys.executable, "-m", "sdq", "probe", "--scratch-dir", str(disk_dir),
+           "--scratch-size", "64M", "--reads", "64", "--repeat", "1000"]  # fmt: skip
+
+    def default_sigint():  # a shell may start background jobs with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list(disk_dir.glob(".sdq-probe-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(disk_dir.glob(".sdq-probe-*")), "the scratch file never appeared"
+        time.sleep(1.0)  # let it write, flush and start reading
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.strip() == "sdq probe: interrupted"
+    assert list(disk_dir.iterdir()) == []
