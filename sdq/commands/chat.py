@@ -66,6 +66,7 @@ def run(args) -> int:
                 "generated_ids": g.generated_ids,
                 "settings": s.settings_dict(),
                 **s.figures(g),
+                "token_ms": [round(ms, 3) for ms in g.token_ms],
             }
             if args.profile:
                 obj["profile_ms_per_token"] = g.profile
