@@ -260,11 +260,7 @@ class Engine:
         self.phase = "prefill"
         self.n_past = 0
         Dh = spec.head_dim
-        # theta_i = base^(-2i/Dh), multiplied up step by step in float32 as ggml does
-        scale = np.float32(spec.rope_base) ** np.float32(-2.0 / Dh)
-        self._rope_scales = np.cumprod(
-            np.concatenate([[np.float32(1.0)], np.full(Dh // 2 - 1, scale, np.float32)])
-        ).astype(np.float32)  # [Dh/2]
+        self._rope_step = np.float32(spec.rope_base) ** np.float32(-2.0 / Dh)
 
     def reset(self) -> None:
         self.n_past = 0
@@ -292,6 +288,8 @@ class Engine:
         ws, w = self.ws, self.weights
         x = ws.x[:T]  # [T, D]
         x[:] = w.token_embd.rows_of(tokens)
+        positions = np.arange(self.n_past, self.n_past + T, dtype=np.float32)
+        self._rope = _rope_tables(positions, self._rope_step, self.spec.head_dim // 2)
         self.timers.add("other", time.perf_counter() - t0)
 
         for il, lw in enumerate(w.layers):
@@ -330,8 +328,7 @@ class Engine:
         k3 = k.reshape(T, Hkv, Dh)
         _rms_norm(q3, lw.q_norm, eps, q3)
         _rms_norm(k3, lw.k_norm, eps, k3)
-        positions = np.arange(p0, p0 + T, dtype=np.float32)
-        cos, sin = _rope_tables(positions, self._rope_scales)  # [T, Dh/2] each
+        cos, sin = self._rope  # [T, Dh/2] each, for this ubatch's positions
         _rope_neox(q3, cos, sin)
         _rope_neox(k3, cos, sin)
         ws.k_cache[il, p0 : p0 + T] = k
@@ -432,9 +429,14 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) ->
     out *= weight
 
 
-def _rope_tables(positions: np.ndarray, scales: np.ndarray):
-    theta = positions[:, None] * scales[None, :]  # [T, Dh/2] f32
-    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+def _rope_tables(positions: np.ndarray, step: np.float32, half: int):
+    """cos, sin [T, Dh/2] of theta_i = pos * base^(-2i/Dh), with theta multiplied up by `step`
+    one pair at a time in float32, as ggml does (so the rounding matches at long positions)."""
+    theta = np.empty((positions.shape[0], half), np.float32)  # [T, Dh/2]
+    theta[:, 0] = positions
+    for i in range(1, half):
+        np.multiply(theta[:, i - 1], step, out=theta[:, i])
+    return np.cos(theta), np.sin(theta)
 
 
 def _rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
