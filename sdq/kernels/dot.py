@@ -23,10 +23,105 @@ from gguf import GGMLQuantizationType as QT
 from numba import prange
 
 from sdq.kernels.act_quant import QActivation, quantize_activation
-from sdq.kernels.jit import FLOAT_MATH, kernel
+from sdq.kernels.jit import FLOAT_MATH, inline, kernel
 from sdq.kernels.quant import QK_K, as_bytes, dequantize, f16_at, kscale_min, qtype_of
 
 CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is busy elsewhere
+# Unsigned array offsets: Numba then skips the negative-index fix-up and LLVM sees
+# contiguous loads it can vectorize (with signed offsets it emits byte-by-byte gathers).
+U = np.uint64
+
+
+# ---------------------------------------------------------------------------------------
+# Block unpacking (inlined). Each writes the block's 256 values times their sub-block scale
+# into w (int16) and returns the block's float scale(s). The byte arithmetic is kept in
+# uint8/int16 so that LLVM vectorizes it.
+
+
+@inline
+def _unpack_q4_k(raw, o, w, mins):
+    """Q4_K block at raw[o:o+144] -> w[256] = q * sc_j, mins[8]; returns (d, dmin)."""
+    for p in range(4):  # 4 pairs of sub-blocks share 32 bytes (low, high nibbles)
+        sc0, m0 = kscale_min(raw, o + 4, 2 * p)
+        sc1, m1 = kscale_min(raw, o + 4, 2 * p + 1)
+        mins[2 * p] = m0
+        mins[2 * p + 1] = m1
+        s0 = np.int16(sc0)
+        s1 = np.int16(sc1)
+        q = o + 16 + 32 * p
+        for i in range(32):
+            v = raw[U(q + i)]
+            w[64 * p + i] = np.int16(v & np.uint8(15)) * s0
+            w[64 * p + 32 + i] = np.int16(v >> np.uint8(4)) * s1
+    return f16_at(raw, o), f16_at(raw, o + 2)
+
+
+@inline
+def _unpack_q5_k(raw, o, w, mins):
+    """Q5_K block at raw[o:o+176] -> w[256] = q * sc_j, mins[8]; returns (d, dmin)."""
+    for p in range(4):
+        sc0, m0 = kscale_min(raw, o + 4, 2 * p)
+        sc1, m1 = kscale_min(raw, o + 4, 2 * p + 1)
+        mins[2 * p] = m0
+        mins[2 * p + 1] = m1
+        s0 = np.int16(sc0)
+        s1 = np.int16(sc1)
+        q = o + 48 + 32 * p
+        for i in range(32):
+            v = raw[U(q + i)]
+            h = raw[U(o + 16 + i)] >> np.uint8(2 * p)
+            lo = (v & np.uint8(15)) | ((h & np.uint8(1)) << np.uint8(4))
+            hi = (v >> np.uint8(4)) | ((h & np.uint8(2)) << np.uint8(3))
+            w[64 * p + i] = np.int16(lo) * s0
+            w[64 * p + 32 + i] = np.int16(hi) * s1
+    return f16_at(raw, o), f16_at(raw, o + 2)
+
+
+@inline
+def _unpack_q6_k(raw, o, w, s):
+    """Q6_K block at raw[o:o+210] -> w[256] = (q - 32) * sc; returns d. s: int16[16] scratch."""
+    for g in range(16):
+        v = np.int16(raw[U(o + 192 + g)])
+        s[g] = v - 256 if v > 127 else v
+    for h in range(2):  # two halves of 128 values; value n = 128h + 32g + 16k + i
+        for k in range(2):  # scale of value n is s[8h + 2g + k]
+            s0 = s[8 * h + k]
+            s1 = s[8 * h + 2 + k]
+            s2 = s[8 * h + 4 + k]
+            s3 = s[8 * h + 6 + k]
+            for i in range(16):
+                j = 16 * k + i
+                lo0 = raw[U(o + 64 * h + j)]
+                lo1 = raw[U(o + 64 * h + 32 + j)]
+                hi = raw[U(o + 128 + 32 * h + j)]
+                n = 128 * h + j
+                q0 = np.uint8(lo0 & np.uint8(15)) | np.uint8(np.uint8(hi & np.uint8(3)) << 4)
+                q1 = np.uint8(lo1 & np.uint8(15)) | np.uint8(np.uint8(hi & np.uint8(12)) << 2)
+                q2 = np.uint8(lo0 >> np.uint8(4)) | np.uint8(hi & np.uint8(48))
+                q3 = np.uint8(lo1 >> np.uint8(4)) | np.uint8(np.uint8(hi >> np.uint8(2)) & 48)
+                w[n] = np.int16(np.int16(np.uint8(q0)) - np.int16(32)) * s0
+                w[n + 32] = np.int16(np.int16(np.uint8(q1)) - np.int16(32)) * s1
+                w[n + 64] = np.int16(np.int16(np.uint8(q2)) - np.int16(32)) * s2
+                w[n + 96] = np.int16(np.int16(np.uint8(q3)) - np.int16(32)) * s3
+    return f16_at(raw, o + 208)
+
+
+@inline
+def _dot_w_q8(w, qs, t, x0, n):
+    """sum_i w[i] * qs[t, x0 + i] over n values, in int32 (vectorized multiply-add)."""
+    isum = np.int32(0)
+    for i in range(n):
+        isum = np.int32(isum + np.int32(w[i]) * np.int32(qs[t, x0 + i]))
+    return isum
+
+
+@inline
+def _min_sum(mins, bs, t, b):
+    """sum_j mins[j] * (sum of the 32 activation quants of sub-block j) for block b."""
+    msum = np.int32(0)
+    for j in range(8):
+        msum = np.int32(msum + mins[j] * (bs[t, b * 16 + 2 * j] + bs[t, b * 16 + 2 * j + 1]))
+    return msum
 
 
 # ---------------------------------------------------------------------------------------
@@ -44,27 +139,10 @@ def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                o = (r * nb + b) * 144
-                dw = f16_at(raw, o)
-                dmw = f16_at(raw, o + 2)
-                for p in range(4):  # 4 pairs of sub-blocks share 32 bytes (low, high nibbles)
-                    sc0, m0 = kscale_min(raw, o + 4, 2 * p)
-                    sc1, m1 = kscale_min(raw, o + 4, 2 * p + 1)
-                    mins[2 * p] = m0
-                    mins[2 * p + 1] = m1
-                    q = o + 16 + 32 * p
-                    for i in range(32):
-                        v = np.int16(raw[q + i])
-                        w[64 * p + i] = (v & 15) * sc0
-                        w[64 * p + 32 + i] = (v >> 4) * sc1
+                dw, dmw = _unpack_q4_k(raw, (r * nb + b) * 144, w, mins)
                 for t in range(T):
-                    x0 = b * QK_K
-                    isum = 0
-                    for i in range(QK_K):
-                        isum += np.int32(w[i]) * np.int32(qs[t, x0 + i])
-                    msum = 0
-                    for j in range(8):
-                        msum += mins[j] * (bs[t, b * 16 + 2 * j] + bs[t, b * 16 + 2 * j + 1])
+                    isum = _dot_w_q8(w, qs, t, b * QK_K, QK_K)
+                    msum = _min_sum(mins, bs, t, b)
                     dx = d[t, b]
                     acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
             for t in range(T):
@@ -82,28 +160,10 @@ def _mm_q5_k(raw, rows, cols, qs, d, bs, out, nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                o = (r * nb + b) * 176
-                dw = f16_at(raw, o)
-                dmw = f16_at(raw, o + 2)
-                for p in range(4):
-                    sc0, m0 = kscale_min(raw, o + 4, 2 * p)
-                    sc1, m1 = kscale_min(raw, o + 4, 2 * p + 1)
-                    mins[2 * p] = m0
-                    mins[2 * p + 1] = m1
-                    q = o + 48 + 32 * p
-                    for i in range(32):
-                        v = np.int16(raw[q + i])
-                        h = np.int16(raw[o + 16 + i]) >> (2 * p)
-                        w[64 * p + i] = ((v & 15) | ((h & 1) << 4)) * sc0
-                        w[64 * p + 32 + i] = ((v >> 4) | ((h & 2) << 3)) * sc1
+                dw, dmw = _unpack_q5_k(raw, (r * nb + b) * 176, w, mins)
                 for t in range(T):
-                    x0 = b * QK_K
-                    isum = 0
-                    for i in range(QK_K):
-                        isum += np.int32(w[i]) * np.int32(qs[t, x0 + i])
-                    msum = 0
-                    for j in range(8):
-                        msum += mins[j] * (bs[t, b * 16 + 2 * j] + bs[t, b * 16 + 2 * j + 1])
+                    isum = _dot_w_q8(w, qs, t, b * QK_K, QK_K)
+                    msum = _min_sum(mins, bs, t, b)
                     dx = d[t, b]
                     acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
             for t in range(T):
@@ -116,34 +176,14 @@ def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch):
     nb = cols // QK_K
     for c in prange(nch):
         w = np.empty(QK_K, np.int16)
-        s = np.empty(4, np.int16)
+        s = np.empty(16, np.int16)
         acc = np.empty(T, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                o = (r * nb + b) * 210
-                dw = f16_at(raw, o + 208)
-                for h in range(2):  # two halves of 128 values
-                    for k in range(2):  # 16-value groups within the 32 bytes of qh
-                        # value n = 128h + 32g + 16k + i, its scale is sc[8h + 2g + k]
-                        for g in range(4):
-                            sv = np.int16(raw[o + 192 + 8 * h + 2 * g + k])
-                            s[g] = sv - 256 if sv > 127 else sv
-                        for i in range(16):
-                            j = 16 * k + i
-                            lo0 = np.int16(raw[o + 64 * h + j])
-                            lo1 = np.int16(raw[o + 64 * h + 32 + j])
-                            hi = np.int16(raw[o + 128 + 32 * h + j])
-                            n = 128 * h + j
-                            w[n] = (((lo0 & 15) | ((hi & 3) << 4)) - 32) * s[0]
-                            w[n + 32] = (((lo1 & 15) | ((hi & 12) << 2)) - 32) * s[1]
-                            w[n + 64] = (((lo0 >> 4) | (hi & 48)) - 32) * s[2]
-                            w[n + 96] = (((lo1 >> 4) | ((hi & 192) >> 2)) - 32) * s[3]
+                dw = _unpack_q6_k(raw, (r * nb + b) * 210, w, s)
                 for t in range(T):
-                    x0 = b * QK_K
-                    isum = 0
-                    for i in range(QK_K):
-                        isum += np.int32(w[i]) * np.int32(qs[t, x0 + i])
+                    isum = _dot_w_q8(w, qs, t, b * QK_K, QK_K)
                     acc[t] += (d[t, b] * dw) * np.float32(isum)
             for t in range(T):
                 out[t, r] = acc[t]
@@ -153,24 +193,41 @@ def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch):
 # 32-value blocks x Q8_0. qs int8 [T, cols], d f32 [T, cols/32]
 
 
+@inline
+def _lanes_madd(acc, t, s, w, qs, x0):
+    """acc[t, i] += s * (w[i] * qs[t, x0 + i]) for the 32 values of a block.
+
+    Like ggml's SIMD code this keeps per-lane float accumulators (summed once per row)
+    instead of reducing every 32-value block to one number."""
+    for i in range(32):
+        p = np.int32(np.int16(w[i]) * np.int16(qs[t, x0 + i]))
+        acc[t, i] += s * np.float32(p)
+
+
+@inline
+def _lanes_sum(acc, t):
+    tot = np.float32(0.0)
+    for i in range(32):
+        tot += acc[t, i]
+    return tot
+
+
 @kernel(parallel=True)
 def _mm_q8_0(raw, raw8, rows, cols, qs, d, out, nch):
     T = qs.shape[0]
     nb = cols // 32
     for c in prange(nch):
-        acc = np.empty(T, np.float32)
+        acc = np.empty((T, 32), np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 o = (r * nb + b) * 34
                 dw = f16_at(raw, o)
+                w = raw8[U(o + 2) : U(o + 34)]
                 for t in range(T):
-                    isum = 0
-                    for i in range(32):
-                        isum += np.int32(raw8[o + 2 + i]) * np.int32(qs[t, b * 32 + i])
-                    acc[t] += (dw * d[t, b]) * np.float32(isum)
+                    _lanes_madd(acc, t, dw * d[t, b], w, qs, b * 32)
             for t in range(T):
-                out[t, r] = acc[t]
+                out[t, r] = _lanes_sum(acc, t)
 
 
 @kernel(parallel=True)
@@ -179,23 +236,20 @@ def _mm_q4_0(raw, rows, cols, qs, d, out, nch):
     nb = cols // 32
     for c in prange(nch):
         w = np.empty(32, np.int8)
-        acc = np.empty(T, np.float32)
+        acc = np.empty((T, 32), np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 o = (r * nb + b) * 18
                 dw = f16_at(raw, o)
                 for i in range(16):
-                    v = np.int8(raw[o + 2 + i] & 15)
-                    w[i] = v - 8
-                    w[16 + i] = np.int8(raw[o + 2 + i] >> 4) - 8
+                    v = raw[U(o + 2 + i)]
+                    w[i] = np.int8(np.int8(v & np.uint8(15)) - np.int8(8))
+                    w[16 + i] = np.int8(np.int8(v >> np.uint8(4)) - np.int8(8))
                 for t in range(T):
-                    isum = 0
-                    for i in range(32):
-                        isum += np.int32(w[i]) * np.int32(qs[t, b * 32 + i])
-                    acc[t] += (dw * d[t, b]) * np.float32(isum)
+                    _lanes_madd(acc, t, dw * d[t, b], w, qs, b * 32)
             for t in range(T):
-                out[t, r] = acc[t]
+                out[t, r] = _lanes_sum(acc, t)
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,7 +264,7 @@ def _mm_f32(wf, rows, cols, xf, out, nch):
             for t in range(T):
                 s = np.float32(0.0)
                 for i in range(cols):
-                    s += wf[r * cols + i] * xf[t, i]
+                    s += wf[U(r * cols + i)] * xf[t, i]
                 out[t, r] = s
 
 
@@ -221,7 +275,7 @@ def _mm_f16(w16, lut, rows, cols, xf, out, nch):
         wrow = np.empty(cols, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             for i in range(cols):
-                wrow[i] = lut[w16[r * cols + i]]
+                wrow[i] = lut[w16[U(r * cols + i)]]
             for t in range(T):
                 s = np.float32(0.0)
                 for i in range(cols):
@@ -237,7 +291,7 @@ def _mm_bf16(w16, rows, cols, xf, out, nch):
         wrow = bits.view(np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             for i in range(cols):
-                bits[i] = np.uint32(w16[r * cols + i]) << 16
+                bits[i] = np.uint32(w16[U(r * cols + i)]) << np.uint32(16)
             for t in range(T):
                 s = np.float32(0.0)
                 for i in range(cols):
