@@ -26,6 +26,7 @@ from sdq.lab.notebooks import (
     read_notebook,
 )
 from sdq.lab.paths import repo_root
+from sdq.lab.paths import shown as show_path
 
 MODEL_KEY = "model"
 
@@ -79,7 +80,7 @@ def load_params(name: str | Path, root: Path | None = None) -> Params:
 
     root = root or repo_root()
     path = Path(name) if str(name).endswith((".yaml", ".yml")) else root / "params" / f"{name}.yaml"
-    shown = _shown(path, root)
+    shown = show_path(path, root)
     if not path.is_file():
         known = ", ".join(available(root)) or "none"
         raise ParamsError(f"{shown}: no such parameter set (known: {known})")
@@ -187,10 +188,3 @@ def _type_problem(value: Any, default: Any) -> str:
 
 def _type_name(default: Any) -> str:
     return "list" if isinstance(default, list | tuple) else type(default).__name__
-
-
-def _shown(path: Path, root: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)

@@ -22,3 +22,11 @@ def default_outputs_root() -> Path:
     """`outputs/` of the repository, or the runner's staging folder while a notebook runs."""
     staged = os.environ.get(OUTPUTS_ROOT_ENV)
     return Path(staged) if staged else repo_root() / "outputs"
+
+
+def shown(path: Path, root: Path) -> str:
+    """`path` relative to `root` when it lies inside it (for messages), else as given."""
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(path)

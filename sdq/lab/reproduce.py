@@ -25,7 +25,7 @@ from sdq.errors import LabError, SdqError
 from sdq.lab import atomic, provenance, runner
 from sdq.lab.notebooks import notebook_paths
 from sdq.lab.params import ModelParams, Params, load_params
-from sdq.lab.paths import repo_root
+from sdq.lab.paths import repo_root, shown
 
 MAX_EXECUTED_BYTES = 2 * 2**20  # executed notebooks above this are not kept
 
@@ -93,7 +93,7 @@ def run(
         status = "ok" if result.ok else "FAILED"
         log(
             f"[{i}/{len(notebooks)}] {nb.stem}: {status} in {result.seconds:.1f} s "
-            f"-> {_shown(result.output_dir, root)}"
+            f"-> {shown(result.output_dir, root)}/"
         )
         if not result.ok:
             log(f"    {result.error}")
@@ -168,13 +168,6 @@ def _replace_dir(src: Path, dst: Path) -> None:
         os.replace(dst, old)
     os.replace(src, dst)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _shown(path: Path, root: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(root.resolve())) + "/"
-    except ValueError:
-        return str(path) + "/"
 
 
 def main(argv: list[str] | None = None) -> int:
