@@ -10,9 +10,10 @@ Measure the device before tuning the pager. Three sweeps, all through sdq's own 
            at the engine's I/O thread count: segment latency (batch submit to its last
            chunk) and MB/s — seed 003's question, asked of the device alone.
 
-Every read is `direct` (O_DIRECT) or `dontneed` (posix_fadvise DONTNEED after each read and
-on the whole file before each level): warm page-cache reads are never reported as device
-speed. Without a file, a scratch file of stated size is written, flushed, dropped from the
+Every read is `direct` (O_DIRECT) or `dontneed` (posix_fadvise DONTNEED after each read);
+before each run the file is flushed and dropped from the page cache, and mincore reports the
+share of the pages about to be read that are cached anyway (`cached`, expected 0): warm
+page-cache reads are never reported as device speed. Without a file, a scratch file of stated size is written, flushed, dropped from the
 cache and removed afterwards — also on Ctrl-C, SIGTERM or an exception.
 
 The recommendation (`recommend`) is the smallest thread count within 5% of the best
@@ -26,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import math
 import mmap
 import os
+import shutil
 import signal
 import threading
 import time
@@ -248,6 +251,12 @@ def scratch_file(directory: Path, nbytes: int, seed: int = 0) -> Iterator[Path]:
     """
     directory = Path(directory)
     _check_writable_dir(directory)
+    free = shutil.disk_usage(directory).free
+    if nbytes > free:
+        raise ParamsError(
+            f"scratch file of {nbytes} B does not fit in {directory} ({free} B free); "
+            "lower --scratch-size or choose another --scratch-dir"
+        )
     path = directory / f".sdq-probe-{os.getpid()}-{time.monotonic_ns()}.scratch"
     rng = np.random.default_rng(seed)
     chunk = 8 << 20
@@ -288,7 +297,7 @@ def _open_for(path: Path, cache_mode: str) -> int:
     try:
         return os.open(path, flags)
     except OSError as exc:
-        if cache_mode == "direct" and exc.errno == 22:  # EINVAL: fs without O_DIRECT (tmpfs)
+        if cache_mode == "direct" and exc.errno == errno.EINVAL:  # a fs without O_DIRECT
             raise ReadError(
                 f"{path}: the filesystem does not support O_DIRECT; use --cache-mode dontneed"
             ) from None

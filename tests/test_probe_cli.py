@@ -192,3 +192,9 @@ def test_scratch_file_removed_when_the_command_is_interrupted(disk_dir, sig):
     assert proc.returncode == 130, err
     assert err.strip() == "sdq probe: interrupted"
     assert list(disk_dir.iterdir()) == []
+
+
+def test_scratch_larger_than_free_space(disk_dir, capsys):
+    code, _, err = run_cli(["--scratch-dir", str(disk_dir), "--scratch-size", "1000000G"], capsys)
+    one_line_error(code, err, "does not fit", "free")
+    assert list(disk_dir.iterdir()) == []
