@@ -13,8 +13,9 @@ Measure the device before tuning the pager. Three sweeps, all through sdq's own 
 Every read is `direct` (O_DIRECT) or `dontneed` (posix_fadvise DONTNEED after each read);
 before each run the file is flushed and dropped from the page cache, and mincore reports the
 share of the pages about to be read that are cached anyway (`cached`, expected 0): warm
-page-cache reads are never reported as device speed. Without a file, a scratch file of stated size is written, flushed, dropped from the
-cache and removed afterwards — also on Ctrl-C, SIGTERM or an exception.
+page-cache reads are never reported as device speed. Without a file, a scratch file of stated
+size is written, flushed, dropped from the cache and removed afterwards — also on Ctrl-C,
+SIGTERM or an exception.
 
 The recommendation (`recommend`) is the smallest thread count within 5% of the best
 bandwidth and the split that beats split 1 by more than 5% at the engine's batch (else 1),
