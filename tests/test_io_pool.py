@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -258,7 +260,11 @@ def test_unreadable_and_missing_files_are_read_errors(tmp_path):
 
 
 def test_pool_waits_release_the_gil(tmp_path):
-    """A Python thread keeps running while another waits on a batch."""
+    """Another Python thread runs while the main thread waits for a batch.
+
+    With a 10 s switch interval the spinner can only run when the main thread gives the GIL
+    up itself, so ticks that happen between `before` and `after` prove wait_all released it.
+    """
     f = tmp_path / "big.bin"
     f.write_bytes(os.urandom(4 << 20))
     fd = os.open(f, os.O_RDONLY)
@@ -271,13 +277,23 @@ def test_pool_waits_release_the_gil(tmp_path):
         nonlocal ticks
         while not stop.is_set():
             ticks += 1
+            time.sleep(0)  # gives the GIL back at once
 
+    during = 0
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
     t = threading.Thread(target=spin)
-    with _io.Pool(1) as pool:
-        t.start()
-        for _ in range(20):
-            pool.submit(reads_table(rows), _io.FLAG_DONTNEED, buf).wait_all()
-        stop.set()
-        t.join()
+    try:
+        with _io.Pool(1) as pool:
+            t.start()
+            for _ in range(10):
+                batch = pool.submit(reads_table(rows), _io.FLAG_DONTNEED, buf)
+                before = ticks
+                batch.wait_all()
+                during += ticks - before
+            stop.set()
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
     os.close(fd)
-    assert ticks > 0
+    assert during > 0
