@@ -27,7 +27,9 @@ Policy.
   Pinning: every expert of an acquire is pinned until release; a pinned slot is never evicted.
   When no slot can be evicted the acquire fails with PlanError (all slots pinned).
   Admission (seed SDQ_ADMIT_MIN_HITS): a missing expert takes a slot only on its min_hits-th
-  lookup; before that it is read into a scratch slot (counted as `bypassed`) and forgotten.
+  lookup; before that it is read into one of K scratch slots (counted as `bypassed`) and
+  forgotten. When every scratch slot is taken (a prefill union of many first-seen experts),
+  the expert is admitted after all (counted as `overflow_admits`) rather than failing.
   Hot pinning (seed SDQ_HOT_PIN): the first `hot_pin` entries of a (layer, expert) ranking are
   read at start and stay pinned for the whole run, outside the LRU.
   Prefetch: `prefetch(layer, ids)` reads experts into free or evictable slots without pinning
@@ -240,7 +242,11 @@ class ExpertCache:
             )
         self.plan = plan
         self.arena = Arena(plan.slots, plan.slot_bytes)
-        self.reader = ExpertReader(model.path, self.table, self.layout, self.io)
+        try:
+            self.reader = ExpertReader(model.path, self.table, self.layout, self.io)
+        except BaseException:
+            self.arena.close()
+            raise
         self._lock = threading.Lock()
         # slot pools: scope id -> free slots; scope id is 0 (global) or the table row
         slots = list(range(plan.slots))
@@ -272,12 +278,15 @@ class ExpertCache:
                 "prefetches",
                 "prefetch_hits",
                 "read_errors",
+                "overflow_admits",
+                "reads",
                 "bytes_read",
                 "expert_bytes_read",
             ),
             0,
         )
         self._read_ns = 0
+        self._busy_ns = 0
         self._wait_ns = 0
         self._layer_counts = np.zeros((n_layers, 3), dtype=np.int64)  # [L, (lookups, hits, misses)]
         self.route_log = RouteLog(s.route_log) if s.route_log else None
@@ -322,17 +331,14 @@ class ExpertCache:
                         entries.append(entry)
                         continue
                     hits.append(False)
-                    if seen >= self.settings.min_hits:
+                    if seen >= self.settings.min_hits or not self._scratch:
+                        if seen < self.settings.min_hits:
+                            c["overflow_admits"] += 1  # no scratch slot left: admit instead
                         entry = self._admit(row, key)
                         entry.pins = 1
                         slots.append(entry.slot)
                         entries.append(entry)
                     else:
-                        if not self._scratch:
-                            raise PlanError(
-                                f"all {self.K} scratch slots are in use (min_hits "
-                                f"{self.settings.min_hits}): release handles before acquiring more"
-                            )
                         slots.append(self._scratch.pop())
                         entries.append(None)
                     waits.append(None)
@@ -432,8 +438,9 @@ class ExpertCache:
     def stats(self) -> dict:
         """lookups, hits, misses, hit_rate, bypassed (misses read to scratch, not admitted),
         evictions, inflight_hits (hits on a read still running), prefetches, prefetch_hits,
-        read_errors, bytes_read (device bytes incl. O_DIRECT page rounding),
-        expert_bytes_read, read_ms (submit to last byte, summed over batches), wait_ms (time
+        read_errors, overflow_admits, reads (preads issued), bytes_read (device bytes incl.
+        O_DIRECT page rounding), expert_bytes_read, read_ms (submit to last byte, summed over
+        batches), io_busy_ms (sum of every pread's own duration), wait_ms (time
         callers blocked in wait), slots, slot_bytes, cached, layers {layer: [lookups, hits,
         misses]}. Reads still in flight are not yet in read_ms."""
         with self._lock:
@@ -441,6 +448,7 @@ class ExpertCache:
             s = dict(self._counters)
             s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
             s["read_ms"] = self._read_ns / 1e6
+            s["io_busy_ms"] = self._busy_ns / 1e6
             s["wait_ms"] = self._wait_ns / 1e6
             s["slots"] = self.plan.slots
             s["slot_bytes"] = self.plan.slot_bytes
@@ -591,6 +599,8 @@ class ExpertCache:
                 continue
             rep = batch.report()  # [R, 6]
             self._read_ns += int(rep[:, 2].max() - rep[:, 0].min())
+            self._busy_ns += int((rep[:, 2] - rep[:, 1]).sum())
+            self._counters["reads"] += len(rep)
         self._inflight = keep
 
     def _wait(self, handle: ExpertHandle, i: int, pending: tuple[ReadBatch, int]) -> None:

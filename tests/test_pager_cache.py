@@ -335,3 +335,16 @@ def test_bad_ids_are_rejected(model):
     with pytest.raises(ValueError, match="out of range"):
         cache.acquire(1, [8])
     cache.close()
+
+
+def test_scratch_overflow_admits_instead_of_failing(model):
+    cache = ExpertCache(model, plan_for_slots(model, 10), settings=CacheSettings(min_hits=2))
+    layer = model.experts.layers[2]
+    h = cache.acquire(layer, [0, 1, 2, 3])  # K = 2 scratch slots for 4 first-seen experts
+    check_views(model, h)
+    cache.release(h)
+    s = cache.stats
+    assert (s["bypassed"], s["overflow_admits"]) == (2, 2)
+    assert len(cache.cached(layer)) == 2
+    assert s["reads"] >= 12 and s["io_busy_ms"] > 0
+    cache.close()
