@@ -306,10 +306,10 @@ _F16_LUT = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).
 # Public API
 
 
-def _check_out(out, T, rows):
-    if out.dtype != np.float32 or out.shape != (T, rows) or not out.flags.c_contiguous:
+def _check_out(out, *shape):
+    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
         raise ValueError(
-            f"out must be a C-contiguous float32 array of shape {(T, rows)}, "
+            f"out must be a C-contiguous float32 array of shape {shape}, "
             f"got {out.dtype} {out.shape}"
         )
 
@@ -345,11 +345,13 @@ def matvec_q(raw, qtype, rows: int, cols: int, qx: QActivation, out: np.ndarray)
     """out[rows] = W @ x for one token's converted activations (qx.T == 1)."""
     if qx.T != 1:
         raise ValueError(f"matvec_q takes one token, got {qx.T}")
+    _check_out(out, rows)
     matmul_q(raw, qtype, rows, cols, qx, out.reshape(1, rows))
 
 
 def matvec(raw, qtype, rows: int, cols: int, x: np.ndarray, out: np.ndarray) -> None:
     """out[rows] = W[rows, cols] @ x[cols], W given as its GGUF bytes (x converted as ggml)."""
+    _check_out(out, rows)
     matmul_q(raw, qtype, rows, cols, quantize_activation(x, qtype), out.reshape(1, rows))
 
 

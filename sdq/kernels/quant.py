@@ -80,7 +80,11 @@ def as_bytes(raw: np.ndarray, qtype: QT, rows: int, cols: int, name: str | None 
         raise UnsupportedError(
             f"{flat.size} bytes given{where}, {need} needed for {rows} x {cols} {qtype.name}"
         )
-    return flat[:need]
+    view = flat[:need]
+    # Always hand the kernels a read-only view: file memmaps are read-only, arena slots are
+    # not, and Numba compiles a separate specialization for each; one is enough.
+    view.flags.writeable = False
+    return view
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""Quantized matrix products against a NumPy reference, threads, layouts and errors.
+
+Tolerance: the kernels and matmul_ref use the same quantized activations, and each block's
+dot product is an exact integer in both; they differ only in float rounding when the
+per-block terms are scaled and summed (float32 in the kernels, float64 in the reference).
+That error is bounded by a few float32 ulps of the sum of |terms|, so we allow
+1e-5 * sum_i |w_i x_i| per output.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf.constants import GGML_QUANT_SIZES
+from kernels_support import FLOATS, QUANTIZED, random_matrix
+
+from sdq.errors import UnsupportedError
+from sdq.kernels import dequantize, matmul, matmul_q, matvec, matvec_q, quantize_activation
+from sdq.kernels.dot import matmul_ref
+
+ALL = QUANTIZED + FLOATS
+
+
+def _shape(qtype):
+    bs = GGML_QUANT_SIZES[qtype][0]
+    return 37, (3 * 256 if bs > 1 else 3 * 256)  # rows not a power of two, 3 blocks of 256
+
+
+def _bound(raw, qtype, rows, cols, X):
+    w = np.abs(dequantize(raw, qtype, rows, cols)).astype(np.float64)
+    return 1e-5 * (np.abs(X).astype(np.float64) @ w.T) + 1e-30
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_matmul_matches_reference(qtype):
+    rng = np.random.default_rng(int(qtype) + 10)
+    rows, cols = _shape(qtype)
+    raw = random_matrix(rng, qtype, rows, cols)
+    X = rng.standard_normal((5, cols)).astype(np.float32)
+    out = np.full((5, rows), np.nan, np.float32)
+    matmul(raw, qtype, rows, cols, X, out)
+    ref = matmul_ref(raw, qtype, rows, cols, X)
+    assert (np.abs(out - ref) <= _bound(raw, qtype, rows, cols, X)).all()
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_matvec_is_one_row_of_matmul(qtype):
+    """Tokens are independent: matvec of token t equals row t of matmul bit for bit."""
+    rng = np.random.default_rng(int(qtype) + 20)
+    rows, cols = _shape(qtype)
+    raw = random_matrix(rng, qtype, rows, cols)
+    X = rng.standard_normal((3, cols)).astype(np.float32)
+    out = np.empty((3, rows), np.float32)
+    matmul(raw, qtype, rows, cols, X, out)
+    one = np.empty(rows, np.float32)
+    for t in range(3):
+        matvec(raw, qtype, rows, cols, X[t], one)
+        np.testing.assert_array_equal(one, out[t])
+    qx = quantize_activation(X[1], qtype)  # converted once, reused
+    matvec_q(raw, qtype, rows, cols, qx, one)
+    np.testing.assert_array_equal(one, out[1])
+    qX = quantize_activation(X, qtype)
+    out2 = np.empty_like(out)
+    matmul_q(raw, qtype, rows, cols, qX, out2)
+    np.testing.assert_array_equal(out2, out)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=lambda q: q.name)
+def test_thread_count_does_not_change_results(qtype):
+    rng = np.random.default_rng(30)
+    rows, cols = 301, 512
+    raw = random_matrix(rng, qtype, rows, cols)
+    x = rng.standard_normal(cols).astype(np.float32)
+    outs = []
+    before = numba.get_num_threads()
+    try:
+        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(n)
+            o = np.empty(rows, np.float32)
+            matvec(raw, qtype, rows, cols, x, o)
+            outs.append(o)
+    finally:
+        numba.set_num_threads(before)
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_quantized_product_is_close_to_float_product():
+    """Sanity of the whole path: Q8_0 weights and activations lose < 1% of the result."""
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(40)
+    w = rng.standard_normal((64, 1024)).astype(np.float32)
+    x = rng.standard_normal(1024).astype(np.float32)
+    raw = quantize(w, QT.Q8_0)
+    out = np.empty(64, np.float32)
+    matvec(raw, QT.Q8_0, 64, 1024, x, out)
+    exact = w.astype(np.float64) @ x
+    assert np.linalg.norm(out - exact) / np.linalg.norm(exact) < 0.01
+
+
+def test_read_only_memmap_input(tmp_path):
+    rng = np.random.default_rng(50)
+    raw = random_matrix(rng, QT.Q4_K, 8, 256)
+    path = tmp_path / "w.bin"
+    raw.tofile(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r", shape=raw.shape)
+    x = rng.standard_normal(256).astype(np.float32)
+    a, b = np.empty(8, np.float32), np.empty(8, np.float32)
+    matvec(mm, QT.Q4_K, 8, 256, x, a)
+    matvec(raw, QT.Q4_K, 8, 256, x, b)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_errors():
+    x = np.zeros(256, np.float32)
+    with pytest.raises(UnsupportedError, match="Q3_K"):
+        matvec(np.zeros(110, np.uint8), QT.Q3_K, 1, 256, x, np.empty(1, np.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        matvec(np.zeros(144, np.uint8), QT.Q4_K, 1, 256, x, np.empty(2, np.float32))
+    with pytest.raises(ValueError, match="activation length 512 != weight columns 256"):
+        qx = quantize_activation(np.zeros(512, np.float32), QT.Q4_K)
+        matvec_q(np.zeros(144, np.uint8), QT.Q4_K, 1, 256, qx, np.empty(1, np.float32))
