@@ -84,3 +84,14 @@ def test_user_mistakes_exit_2_with_one_line(argv, match, capsys):
 def test_missing_file(capsys, tmp_path):
     assert main(["routes", "stats", str(tmp_path / "none.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_pin_ranked_on_other_sequences(capsys):
+    granite = TRACES / "granite-3.0-1b-a400m" / "moe_expert_trace.json"
+    argv = ["routes", "simulate", str(granite), "--policy", "pin,pin_other", "--slots", "16"]
+    assert main([*argv, "--json"]) == 0
+    by = {r["policy"]: r["misses"] for r in json.loads(capsys.readouterr().out)["results"]}
+    assert by["pin"] <= by["pin_other"]  # a table ranked on the run itself cannot do worse
+    single = TRACES / "deepseek-v2-lite" / "prompt_1002_data.csv"
+    assert main(["routes", "simulate", str(single), "--policy", "pin_other"]) == 2
+    assert "other sequences" in capsys.readouterr().err

@@ -182,7 +182,7 @@ def read_engine(path: Path) -> RouteTrace:
                 raise TraceError(f"{where}: phase must be prefill or decode, got {phase!r}")
             pos, layer = _int_field(obj, "pos", where), _int_field(obj, "layer", where)
             ids = _ids(obj["experts"], where)
-            w = obj.get("weights")
+            w = obj.get("weights") or None  # [] = unknown
             if w is not None:
                 if not isinstance(w, list) or len(w) != len(ids):
                     raise TraceError(f"{where}: weights must be a list as long as experts")

@@ -16,11 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sdq.analysis.simulate import POLICIES, PolicyParams, simulate_groups
+from sdq.analysis.simulate import POLICIES, PolicyParams, pin_set, simulate_groups
 from sdq.analysis.trace import RouteTrace, phase_blocks
 from sdq.errors import ParamsError
 
 SCOPES = ("layer", "global")
+# policies a trace can be replayed with: the kernel's, plus a static pin ranked on the other
+# sequences of the trace (a popularity table from earlier runs, not from the run it serves)
+TRACE_POLICIES = (*POLICIES, "pin_other")
 
 
 @dataclass(frozen=True)
@@ -80,24 +83,42 @@ def simulate_trace(
     """Misses of `policy` over every sequence of the trace (each from a cold cache)."""
     if scope not in SCOPES:
         raise ParamsError(f"scope must be layer or global, got {scope!r}")
-    if policy not in POLICIES:
-        raise ParamsError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+    if policy not in TRACE_POLICIES:
+        raise ParamsError(f"unknown policy {policy!r} (known: {', '.join(TRACE_POLICIES)})")
     if policy == "layer_lrfu" and scope != "global":
         raise ParamsError("policy layer_lrfu needs --scope global (it ranks layers)")
     if slots < trace.top_k:
         raise ParamsError(f"slots={slots} is below top_k={trace.top_k} experts one token needs")
     params = params or PolicyParams()
     lookups = misses = 0
-    E = trace.n_expert
-    for block in phase_blocks(trace, phase):
+    E, L = trace.n_expert, trace.n_layer
+    blocks = phase_blocks(trace, phase)
+    other = policy == "pin_other"
+    if other and len(blocks) < 2:
+        raise ParamsError(
+            f"pin_other ranks experts on the trace's other sequences; {trace.source} has "
+            f"{len(blocks)} with {phase} tokens"
+        )
+    kernel_policy = "pin" if other else policy
+    for i, block in enumerate(blocks):
+        rest = [b for j, b in enumerate(blocks) if j != i]
         lookups += int((block >= 0).sum())
         if scope == "layer":
-            for g in layer_streams(block):
-                misses += simulate_groups(g, E, slots, policy, params, check=False)
+            for j, g in enumerate(layer_streams(block)):
+                pinned = None
+                if other:
+                    ranked = np.concatenate([layer_streams(b)[j] for b in rest])
+                    pinned = pin_set(ranked, E, slots)
+                misses += simulate_groups(
+                    g, E, slots, kernel_policy, params, check=False, pinned=pinned
+                )
         else:
-            p = PolicyParams(params.min_hits, params.half_life, trace.n_layer, E)
+            p = PolicyParams(params.min_hits, params.half_life, L, E)
             g = global_stream(block, E)
-            misses += simulate_groups(g, E * trace.n_layer, slots, policy, p, check=False)
+            pinned = None
+            if other:
+                pinned = pin_set(np.concatenate([global_stream(b, E) for b in rest]), E * L, slots)
+            misses += simulate_groups(g, E * L, slots, kernel_policy, p, check=False, pinned=pinned)
     return SimResult(policy, slots, scope, phase, lookups, misses)
 
 

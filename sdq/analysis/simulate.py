@@ -16,9 +16,10 @@ Model of the cache
   optimal once a token's experts must be resident together).
 - `lru`, `fifo`: evict the least recently used / earliest admitted key.
 - `lfu`: evict the key with the fewest hits since it was admitted (ties: least recently used).
-- `pin`: the S most requested keys of the stream (an offline ranking, as a popularity table
-  from a previous run would give) are kept once loaded (their first request is a miss);
-  every other request is read past the cache.
+- `pin`: a static set of S keys is kept once loaded (their first request is a miss); every
+  other request is read past the cache. By default the set is the S most requested keys of
+  the stream itself (the best any static table can do); sdq.analysis.replay's `pin_other`
+  ranks them on other sequences instead, as a popularity table from earlier runs would.
 - `admit`: LRU, but a missed key is admitted only from its `min_hits`-th request on.
 - `lrfu`: online frequency-aware LRU (see sdq.analysis.policies): evict the key with the
   lowest score  sum over its past requests of 2^(-age / half_life), age in groups of its scope.
@@ -209,8 +210,12 @@ def simulate_groups(
     policy: str,
     params: PolicyParams = PolicyParams(),
     check: bool = True,
+    pinned: np.ndarray | None = None,
 ) -> int:
-    """Misses of one cold cache of `slots` slots over a stream of lookup groups [N, K]."""
+    """Misses of one cold cache of `slots` slots over a stream of lookup groups [N, K].
+
+    `pinned` (bool [M], pin only): the static set; default: the stream's own top `slots` keys.
+    """
     groups = np.ascontiguousarray(groups, dtype=np.int64)  # [N, K]
     if policy not in POLICIES:
         raise ParamsError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
@@ -222,7 +227,14 @@ def simulate_groups(
     if code == BELADY_BYPASS:
         return optimal_bypass_misses(groups, slots)
     nxt = next_use(groups) if code == BELADY else np.zeros((1, 1), np.int64)
-    pinned = pin_set(groups, n_keys, slots) if code == PIN else np.zeros(1, np.bool_)
+    if code != PIN:
+        pinned = np.zeros(1, np.bool_)
+    elif pinned is None:
+        pinned = pin_set(groups, n_keys, slots)
+    else:
+        pinned = np.asarray(pinned, dtype=np.bool_)
+        if pinned.shape != (n_keys,) or int(pinned.sum()) > slots:
+            raise ParamsError(f"pinned set of {int(pinned.sum())} keys does not fit {slots} slots")
     n_layer = params.n_layer if code == LAYER_LRFU else 1
     return int(
         _simulate_kernel(
@@ -245,7 +257,12 @@ def simulate_groups(
 
 
 def simulate_groups_ref(
-    groups: np.ndarray, n_keys: int, slots: int, policy: str, params: PolicyParams = PolicyParams()
+    groups: np.ndarray,
+    n_keys: int,
+    slots: int,
+    policy: str,
+    params: PolicyParams = PolicyParams(),
+    pinned: np.ndarray | None = None,
 ) -> int:
     groups = np.asarray(groups, dtype=np.int64)
     check_groups(groups, n_keys, slots)
@@ -253,7 +270,9 @@ def simulate_groups_ref(
     if code == BELADY_BYPASS:
         return optimal_bypass_misses_ref(groups, slots)
     nxt_use = next_use(groups)
-    pinned = set(np.flatnonzero(pin_set(groups, n_keys, slots)).tolist())
+    if pinned is None:
+        pinned = pin_set(groups, n_keys, slots)
+    pinned = set(np.flatnonzero(pinned).tolist())
     n_layer = params.n_layer if code == LAYER_LRFU else 1
     decay = 0.5 ** (1.0 / params.half_life)
     cache: dict[int, dict] = {}  # key -> {"stamp", "hits", "next"}

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         default=DEFAULT_POLICIES,
         help=f"comma-separated policies (default {DEFAULT_POLICIES}; also layer_lrfu for "
-        "--scope global)",
+        "--scope global, pin_other: a pin ranked on the trace's other sequences)",
     )
     sim.add_argument(
         "--slots",
@@ -98,14 +98,14 @@ def _load(args):
 
 
 def _simulate(args) -> int:
-    from sdq.analysis.replay import sweep
-    from sdq.analysis.simulate import POLICIES, PolicyParams
+    from sdq.analysis.replay import TRACE_POLICIES, sweep
+    from sdq.analysis.simulate import PolicyParams
 
     trace, phase = _load(args)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     for p in policies:
-        if p not in POLICIES:
-            raise ParamsError(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
+        if p not in TRACE_POLICIES:
+            raise ParamsError(f"unknown policy {p!r} (known: {', '.join(TRACE_POLICIES)})")
     if args.min_hits < 1 or args.half_life <= 0:
         raise ParamsError(
             f"--min-hits must be >= 1 and --half-life > 0, got {args.min_hits}, {args.half_life}"
