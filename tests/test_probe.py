@@ -311,3 +311,26 @@ def test_parse_fio_json():
     assert f.mean_ms == pytest.approx(5.5101522) and f.mb_s == pytest.approx(1351.497955)
     with pytest.raises(ReadError, match="no JSON"):
         parse_fio_json("fio: command failed", threads=1, size=1, cache_mode="direct", command="")
+
+
+@pytest.mark.parametrize("length", [4096, 5000, 1_900_544])
+def test_random_offsets_are_aligned_distinct_and_inside_the_file(length):
+    rng = np.random.default_rng(0)
+    file_bytes = 64 << 20
+    offsets = probe._random_offsets(rng, file_bytes, length, 30)
+    assert (offsets % PAGE == 0).all() and (offsets + length <= file_bytes).all()
+    ends = np.sort(offsets) + length
+    assert (np.sort(offsets)[1:] >= ends[:-1]).all()  # no two ranges overlap
+    with pytest.raises(ParamsError, match="larger than the file"):
+        probe._random_offsets(rng, 1000, 4096, 1)
+
+
+def test_parse_bytes():
+    from sdq.commands.probe import parse_bytes
+
+    assert [parse_bytes(t) for t in ("4096", "4k", "4KiB", "64M", "1G", "1.5k")] == [
+        4096, 4096, 4096, 64 << 20, 1 << 30, 1536,
+    ]  # fmt: skip
+    for bad in ("x", "1.1"):
+        with pytest.raises(Exception, match="byte"):
+            parse_bytes(bad)
