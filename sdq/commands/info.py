@@ -117,7 +117,10 @@ def render(info: dict) -> str:
             f"{ex['moe_layers']} MoE layers ({ex['layers']}){fused}"
         )
         for part, by_type in ex["part_qtypes"].items():
-            kinds = "; ".join(f"{q} in layers {layers}" for q, layers in by_type.items())
+            kinds = "; ".join(
+                f"{q} in layer{'s' if set(layers) & set(',-') else ''} {layers}"
+                for q, layers in by_type.items()
+            )
             out.append(f"  {part:<5} {kinds}")
         out.append(f"T2: layer {seg0['layer']}, expert {seg0['expert']} on disk")
         out += _table(
