@@ -108,11 +108,10 @@ class SlotLayout:
 class ReadBatch:
     """A submitted batch: wait for one expert (group) or all, with errors as ReadError."""
 
-    def __init__(self, batch, path: str, meta: list[tuple[int, int, int]], groups: np.ndarray):
+    def __init__(self, batch, path: str, meta: np.ndarray):
         self.batch = batch
         self.path = path
-        self.meta = meta  # per read: (layer, expert, part)
-        self.groups = groups  # int64 [R]: group (expert index in the request) of each read
+        self.meta = meta  # int64 [R, 3]: layer, expert, part of each read
 
     def wait(self, group: int) -> None:
         try:
@@ -145,7 +144,7 @@ class ReadBatch:
         return False
 
     def _error(self, exc) -> ReadError:
-        layer, expert, part = self.meta[exc.index]
+        layer, expert, part = (int(v) for v in self.meta[exc.index])
         what = _KINDS.get({"error": 1, "short": 2, "eof": 3}.get(exc.kind, 4))
         detail = f": {os.strerror(exc.errno)}" if exc.kind == "error" else ""
         got = f", got {exc.done} bytes" if exc.kind == "short" else ""
@@ -189,45 +188,28 @@ class ExpertReader:
         self.pool.threads = io.threads
         self.io = io
 
-    def plan(self, row: int, experts, addrs) -> tuple[np.ndarray, list, np.ndarray]:
+    def plan(self, row: int, experts, addrs) -> tuple[np.ndarray, np.ndarray]:
         """Reads for experts[k] of table row `row` into slot addresses addrs[k].
 
-        Returns (reads int64 [R, 7], meta [(layer, expert, part)] * R, group per read [R]).
+        Returns (reads int64 [R, 7], meta int64 [R, 3]: layer, expert, part of each read).
         """
-        layout, mode, chunks = self.layout, self.io.mode, self.io.chunks
-        offsets = self.table.offsets[row]  # [E, P]
-        nbytes = self.table.nbytes[row]  # [E, P]
-        layer = self.table.layers[row]
-        rows: list[tuple[int, ...]] = []
-        meta: list[tuple[int, int, int]] = []
-        task = -1
-        for k, (e, addr) in enumerate(zip(experts, addrs, strict=True)):
-            if mode == "serial":
-                task += 1
-            for p in range(3):
-                off, n = int(offsets[e, p]), int(nbytes[e, p])
-                end = off + n
-                if layout.direct:
-                    start = off - off % DIRECT_ALIGN
-                    stop = align_up(end, DIRECT_ALIGN)
-                else:
-                    start, stop = off, end
-                dest = addr + layout.region_offsets[p]  # the region holds [start, stop)
-                if mode != "serial" and chunks == 1:
-                    task += 1
-                for s, t in _chunks(start, stop, chunks):
-                    if mode != "serial" and chunks > 1:
-                        task += 1
-                    rows.append((self.fd, s, t - s, min(t, end) - s, dest + (s - start), task, k))
-                    meta.append((layer, int(e), p))
-        reads = np.array(rows, dtype=np.int64)  # [R, 7]
-        return reads, meta, reads[:, 6].copy()
+        return plan_reads(
+            self.table.offsets[row],
+            self.table.nbytes[row],
+            experts,
+            addrs,
+            self.fd,
+            self.layout,
+            self.io.mode,
+            self.io.chunks,
+            self.table.layers[row],
+        )
 
     def submit(self, row: int, experts, addrs, keepalive=None) -> tuple[ReadBatch, int]:
         """Submits the reads; returns (batch, device bytes requested)."""
-        reads, meta, groups = self.plan(row, experts, addrs)
+        reads, meta = self.plan(row, experts, addrs)
         batch = self.pool.submit(reads, self.flags, keepalive)
-        return ReadBatch(batch, self.path, meta, groups), int(reads[:, 2].sum())
+        return ReadBatch(batch, self.path, meta), int(reads[:, 2].sum())
 
     def drop_cache(self) -> None:
         """Drops the file's pages from the page cache (written back first: DONTNEED keeps dirty
@@ -259,3 +241,79 @@ def _chunks(start: int, stop: int, n: int):
         c += step
     cuts.append(stop)
     return list(zip(cuts[:-1], cuts[1:], strict=False))
+
+
+def plan_reads(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=0):
+    """The read table for experts of one layer (vectorized; plan_reads_ref is the plain loop).
+
+    offsets, nbytes: int64 [E, P] of the layer; experts [K]; addrs [K] slot addresses.
+    Returns (reads int64 [R, 7]: fd, offset, length, need, dest, task, group; meta [R, 3]).
+    Reads are ordered by expert, part, chunk; the group of a read is its expert's index k.
+    """
+    experts = np.asarray(experts, dtype=np.int64)  # [K]
+    addrs = np.asarray(addrs, dtype=np.int64)  # [K]
+    K = len(experts)
+    off = offsets[experts].reshape(-1)  # [S] S = K * P segments, expert-major
+    end = off + nbytes[experts].reshape(-1)  # [S]
+    if layout.direct:
+        start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
+    else:
+        start, stop = off, end
+    region = np.asarray(layout.region_offsets, dtype=np.int64)
+    dest0 = (addrs[:, None] + region[None, :]).reshape(-1)  # [S] the region holds [start, stop)
+    seg_k = np.repeat(np.arange(K, dtype=np.int64), 3)  # [S]
+    seg_p = np.tile(np.arange(3, dtype=np.int64), K)  # [S]
+    if chunks > 1:
+        step = align_up(-(-(stop - start) // chunks), SPLIT_PAGE)  # [S]
+        base = start - start % SPLIT_PAGE
+        j = np.arange(1, chunks, dtype=np.int64)  # [n-1]
+        cuts = base[:, None] + j[None, :] * step[:, None]  # [S, n-1], increasing
+        cuts = np.where(stop[:, None] - start[:, None] > SPLIT_PAGE, cuts, stop[:, None])
+        bounds = np.concatenate([start[:, None], np.minimum(cuts, stop[:, None]), stop[:, None]], 1)
+        lo, hi = bounds[:, :-1], bounds[:, 1:]  # [S, n]
+        keep = lo < hi
+        seg = np.broadcast_to(np.arange(len(off))[:, None], lo.shape)[keep]  # [R]
+        lo, hi = lo[keep], hi[keep]
+    else:
+        seg, lo, hi = np.arange(len(off)), start, stop
+    R = len(seg)
+    reads = np.empty((R, 7), dtype=np.int64)
+    reads[:, 0] = fd
+    reads[:, 1] = lo
+    reads[:, 2] = hi - lo
+    reads[:, 3] = np.minimum(hi, end[seg]) - lo
+    reads[:, 4] = dest0[seg] + (lo - start[seg])
+    if mode == "serial":
+        reads[:, 5] = seg_k[seg]
+    elif chunks > 1:
+        reads[:, 5] = np.arange(R)
+    else:
+        reads[:, 5] = seg
+    reads[:, 6] = seg_k[seg]
+    meta = np.stack([np.full(R, layer), experts[seg_k[seg]], seg_p[seg]], axis=1)  # [R, 3]
+    return reads, meta
+
+
+def plan_reads_ref(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=0):
+    """Plain-loop reference of plan_reads (same result)."""
+    rows, meta = [], []
+    task = -1
+    for k, (e, addr) in enumerate(zip(experts, addrs, strict=True)):
+        if mode == "serial":
+            task += 1
+        for p in range(3):
+            off, n = int(offsets[e, p]), int(nbytes[e, p])
+            end = off + n
+            if layout.direct:
+                start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
+            else:
+                start, stop = off, end
+            dest = addr + layout.region_offsets[p]
+            if mode != "serial" and chunks == 1:
+                task += 1
+            for s, t in _chunks(start, stop, chunks):
+                if mode != "serial" and chunks > 1:
+                    task += 1
+                rows.append((fd, s, t - s, min(t, end) - s, dest + (s - start), task, k))
+                meta.append((layer, int(e), p))
+    return np.array(rows, dtype=np.int64), np.array(meta, dtype=np.int64)
