@@ -164,3 +164,16 @@ def test_malformed_input_names_file_and_line(tmp_path, text, fmt, match):
     with pytest.raises(TraceError, match=match) as info:
         read_trace(path, fmt)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_engine_log_with_unknown_weights_and_a_header(tmp_path):
+    path = tmp_path / "route.jsonl"
+    path.write_text(
+        '{"model": "m", "n_expert": 16, "top_k": 2}\n'
+        '{"phase": "prefill", "pos": 0, "layer": 3, "experts": [4, 1], "weights": []}\n'
+        '{"phase": "decode", "pos": 1, "layer": 3, "experts": [1, 9], "weights": []}\n'
+    )
+    trace = read_trace(path)
+    assert (trace.n_expert, trace.top_k, trace.layer_ids) == (16, 2, (3,))
+    assert trace.sequences[0].decode.experts.tolist() == [[[1, 9]]]
+    assert trace.sequences[0].decode.weights is None
