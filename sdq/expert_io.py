@@ -46,6 +46,11 @@ MAX_SPLIT = 8
 _KINDS = {1: "I/O error", 2: "short read", 3: "read past end of file", 4: "read canceled"}
 
 
+def expert_table(model):
+    """The model's ExpertTable (GGUFError when it has no routed experts)."""
+    return model.require_experts() if hasattr(model, "require_experts") else model.experts
+
+
 def align_up(n, a: int):
     return (n + a - 1) // a * a
 

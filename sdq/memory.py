@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from sdq.errors import PlanError
-from sdq.expert_io import SlotLayout
+from sdq.expert_io import SlotLayout, expert_table
 
 MB = 1 << 20
 IO_THREAD_STACK_BYTES = 256 * 1024  # kernels_c/io_pool.c WORKER_STACK_BYTES
@@ -142,7 +142,7 @@ def plan_memory(
     """
     from sdq.workspace import workspace_bytes
 
-    table = model.require_experts() if hasattr(model, "require_experts") else model.experts
+    table = expert_table(model)
     spec = model.spec
     layout = SlotLayout.for_table(table, cache_mode)
     ws = workspace_bytes(spec, n_ctx, n_ubatch)
@@ -184,7 +184,7 @@ def plan_memory(
 
 def plan_for_slots(model, slots: int, cache_mode: str = "pagecache") -> MemoryPlan:
     """A plan with a given slot count and nothing else counted: for tests and benchmarks."""
-    table = model.require_experts() if hasattr(model, "require_experts") else model.experts
+    table = expert_table(model)
     layout = SlotLayout.for_table(table, cache_mode)
     return MemoryPlan(
         ram_budget_bytes=slots * (layout.slot_bytes + SLOT_META_BYTES),

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sdq.errors import ParamsError, PlanError, ReadError
-from sdq.expert_io import ExpertReader, IOSettings, ReadBatch, SlotLayout
+from sdq.expert_io import ExpertReader, IOSettings, ReadBatch, SlotLayout, expert_table
 
 __all__ = [
     "Arena",
@@ -219,7 +219,7 @@ class ExpertCache:
     def __init__(self, model, plan, io: IOSettings | None = None, settings=None):
         self.io = io or IOSettings()
         self.settings = settings or CacheSettings()
-        self.table = model.require_experts() if hasattr(model, "require_experts") else model.experts
+        self.table = expert_table(model)
         self.K = int(model.spec.n_expert_used)
         self.layout = SlotLayout.for_table(self.table, self.io.cache_mode)
         if self.layout.slot_bytes > plan.slot_bytes:

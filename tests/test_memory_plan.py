@@ -67,56 +67,16 @@ def gguf_model(tmp_path_factory):
 
 
 def test_plan_command_table_json_and_error(gguf_model, capsys):
-    assert (
-        main(
-            [
-                "plan",
-                str(gguf_model),
-                "--ram-budget-mb",
-                "2000",
-                "-c",
-                "256",
-                "-b",
-                "16",
-                "--reserve-mb",
-                "10",
-            ]
-        )
-        == 0
-    )
+    args = ["plan", str(gguf_model), "--ram-budget-mb", "2000", "-c", "256", "-b", "16"]
+    assert main([*args, "--reserve-mb", "10"]) == 0
     out = capsys.readouterr().out
-    for item in (
-        "RSS now",
-        "dense weights",
-        "KV cache",
-        "compute buffers",
-        "reserve",
-        "expert arena",
-        "minimum",
-    ):
+    items = ("RSS now", "dense weights", "KV cache", "compute buffers", "reserve", "expert arena")
+    for item in (*items, "minimum"):
         assert item in out
-    assert (
-        main(
-            [
-                "plan",
-                str(gguf_model),
-                "--ram-budget-mb",
-                "2000",
-                "-c",
-                "256",
-                "-b",
-                "16",
-                "--reserve-mb",
-                "10",
-                "--cache-mode",
-                "direct",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert main([*args, "--reserve-mb", "10", "--cache-mode", "direct", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["slots"] > 0 and d["slot_bytes"] % 4096 == 0 and d["cache_mode"] == "direct"
-    assert main(["plan", str(gguf_model), "--ram-budget-mb", "5", "-c", "256", "-b", "16"]) == 2
+    args[3] = "5"
+    assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("sdq plan: error: RAM budget 5 MB") and "minimum budget" in err
