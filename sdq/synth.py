@@ -28,8 +28,10 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +40,7 @@ import numpy as np
 from sdq.cache import cache_subdir
 from sdq.errors import ParamsError, SdqError
 
-SYNTH_FORMAT_VERSION = 1
+SYNTH_FORMAT_VERSION = 2  # bump whenever the bytes of a model change
 ARCH = "qwen3moe"
 K_QUANT_BLOCK = 256
 
@@ -235,12 +237,16 @@ def _build(cfg: SynthConfig, q: str, seed: int, final: Path, *, progress: bool, 
     source = final.with_name(f".{final.name}.{pid}.src.tmp")
     try:
         if q in ("F32", "F16"):
-            write_gguf(cfg, seed, tmp, dtype=q, progress=progress)
+            write_gguf(cfg, seed, tmp, dtype=q, progress=progress, threads=nthread)
         else:
             _llama_cpp()  # fail before spending minutes on the F16 source
-            write_gguf(cfg, seed, source, dtype="F16", progress=progress)
-            quantize(source, tmp, q, progress=progress, nthread=nthread)
-            source.unlink()
+            cached_f16 = model_path(cfg, "F16", seed)
+            if cached_f16.is_file():  # the F16 model is exactly the quantizer's input
+                quantize(cached_f16, tmp, q, progress=progress, nthread=nthread)
+            else:
+                write_gguf(cfg, seed, source, dtype="F16", progress=progress, threads=nthread)
+                quantize(source, tmp, q, progress=progress, nthread=nthread)
+                source.unlink()
         os.replace(tmp, final)
     finally:
         for path in (tmp, source):
@@ -364,13 +370,16 @@ def _token_classes(vocab) -> np.ndarray:
     return classes
 
 
-def write_gguf(cfg: SynthConfig, seed: int, path: Path, *, dtype: str = "F16", progress=False):
+def write_gguf(
+    cfg: SynthConfig, seed: int, path: Path, *, dtype="F16", progress=False, threads: int = 0
+) -> None:
     """Write the model in F16 or F32 (norms and routers always F32) to `path`."""
     import gguf
     from tqdm import tqdm
 
     vocab = _vocab()
     w = synth_weights(cfg, seed)
+    _ = w.basis, w.subgroup, w.centroids  # shared structure, made before the threads start
     writer = gguf.GGUFWriter(str(path), ARCH)
     _add_metadata(writer, cfg, seed, vocab, dtype)
     plan = tensor_plan(cfg, dtype)
@@ -382,21 +391,25 @@ def write_gguf(cfg: SynthConfig, seed: int, path: Path, *, dtype: str = "F16", p
     writer.write_ti_data_to_file()
     total = sum(int(np.prod(s)) * np.dtype(d).itemsize for _, s, d in plan)
     label = f"{cfg.name} {dtype}"
-    with tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not progress) as bar:
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not progress)
+    with bar, ThreadPoolExecutor(max(1, threads or os.cpu_count() or 1)) as pool:
         for name, shape, dt in plan:
-            arr = _make_tensor(w, name, shape, dt)
+            arr = _make_tensor(w, name, shape, dt, pool)
             writer.write_tensor_data(arr)
             bar.update(arr.nbytes)
     writer.close()
 
 
-def _make_tensor(w, name: str, shape: tuple[int, ...], dt) -> np.ndarray:
-    out = np.empty(shape, dt)
+def _make_tensor(w, name: str, shape: tuple[int, ...], dt, pool) -> np.ndarray:
+    out = np.empty(shape, dt)  # filled in parallel slices: the draws release the GIL
     if name in ("token_embd.weight", "output.weight"):
         rows = w.embedding_rows if name == "token_embd.weight" else w.output_rows
         step = 8192
-        for r0 in range(0, shape[0], step):
+
+        def fill_rows(r0: int) -> None:
             out[r0 : r0 + step] = rows(r0, min(r0 + step, shape[0]))
+
+        list(pool.map(fill_rows, range(0, shape[0], step)))
         return out
     if name.endswith("norm.weight"):
         out[...] = 1.0
@@ -407,10 +420,13 @@ def _make_tensor(w, name: str, shape: tuple[int, ...], dt) -> np.ndarray:
         out[...] = w.router(layer)
     elif kind.startswith("attn_"):
         out[...] = w.attention(layer)[kind]
-    else:  # ffn_{gate,up,down}_exps: one expert at a time
+    else:  # ffn_{gate,up,down}_exps, one expert per task
         part = kind[len("ffn_") : -len("_exps")]
-        for e, chunk in enumerate(w.expert_chunks(layer, part)):
-            out[e] = chunk
+
+        def fill_expert(e: int) -> None:
+            out[e] = w.expert(layer, part, e)
+
+        list(pool.map(fill_expert, range(shape[0])))
     return out
 
 
@@ -482,19 +498,18 @@ def quantize(src: Path, dst: Path, qtype: str, *, progress: bool = False, nthrea
 
 
 class _quiet_llama_log:
-    """Silence llama.cpp's log while quantizing (it prints a line per tensor)."""
+    """Only errors from llama.cpp's log while quantizing (it prints a line per tensor)."""
 
     def __init__(self, llama_cpp):
-        self.llama_cpp = llama_cpp
+        from llama_cpp import _logger
+
+        self.logger = _logger.logger
 
     def __enter__(self):
-        lc = self.llama_cpp
-        self._cb = lc.ggml_log_callback(lambda level, text, user_data: None)
-        lc.llama_log_set(self._cb, None)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
         return self
 
     def __exit__(self, *exc):
-        from llama_cpp import _logger
-
-        self.llama_cpp.llama_log_set(_logger.llama_log_callback, None)
+        self.logger.setLevel(self.level)
         return False

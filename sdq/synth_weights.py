@@ -148,6 +148,7 @@ class SynthWeights:
     cfg: object  # sdq.synth.SynthConfig (duck-typed to avoid an import cycle)
     seed: int
     classes: np.ndarray  # [V] int8 token class (TOKEN_CLASSES)
+    _attention_cache: tuple = (None, None)  # (layer, tensors): the writer asks four times
 
     # --- shared structure ------------------------------------------------------------------
     @cached_property
@@ -254,6 +255,11 @@ class SynthWeights:
 
     def attention(self, layer: int) -> dict[str, np.ndarray]:
         """attn_q [H*Dh, D], attn_k / attn_v [Hkv*Dh, D], attn_output [D, H*Dh]."""
+        if self._attention_cache[0] != layer:
+            self._attention_cache = (layer, self._make_attention(layer))
+        return self._attention_cache[1]
+
+    def _make_attention(self, layer: int) -> dict[str, np.ndarray]:
         cfg, D, r = self.cfg, self.cfg.n_embd, self.cfg.route_rank
         H, Hkv, Dh = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         pre = f"blk.{layer}."
@@ -281,17 +287,22 @@ class SynthWeights:
             "attn_output": to_f16_values(o.astype(np.float32)),
         }
 
-    def expert_chunks(self, layer: int, part: str) -> Iterator[np.ndarray]:
-        """One expert at a time: gate/up [F, D] ~ N(0, 1/D); down [D, F] ~ N(0, moe_gain^2/F)."""
+    def expert(self, layer: int, part: str, e: int) -> np.ndarray:
+        """Expert e's matrix: gate/up [F, D] ~ N(0, 1/D); down [D, F] ~ N(0, moe_gain^2/F)."""
         D, F = self.cfg.n_embd, self.cfg.expert_ffn
-        name = f"blk.{layer}.ffn_{part}_exps.weight"
-        shape, scale = (
-            ((D, F), self.cfg.moe_gain / np.sqrt(F)) if part == "down" else ((F, D), 1 / np.sqrt(D))
-        )
+        if part == "down":
+            shape, scale = (D, F), self.cfg.moe_gain / np.sqrt(F)
+        else:
+            shape, scale = (F, D), 1 / np.sqrt(D)
+        w = rng_for(self.seed, f"blk.{layer}.ffn_{part}_exps.weight", e)
+        out = w.standard_normal(shape, np.float32)
+        out *= scale
+        return to_f16_values(out)
+
+    def expert_chunks(self, layer: int, part: str) -> Iterator[np.ndarray]:
+        """Every expert's matrix of one layer and part, in expert order."""
         for e in range(self.cfg.n_expert):
-            w = rng_for(self.seed, name, e).standard_normal(shape, np.float32)
-            w *= scale
-            yield w
+            yield self.expert(layer, part, e)
 
 
 # --- routing preview and statistics --------------------------------------------------------
