@@ -123,3 +123,27 @@ def test_errors():
     with pytest.raises(ValueError, match="activation length 512 != weight columns 256"):
         qx = quantize_activation(np.zeros(512, np.float32), QT.Q4_K)
         matvec_q(np.zeros(144, np.uint8), QT.Q4_K, 1, 256, qx, np.empty(1, np.float32))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
+def test_simd_and_portable_kernels_agree(qtype):
+    """The AVX2 block dots compute the same integer block sums as the plain-Numba kernels:
+    K-quants give identical floats; Q8_0/Q4_0's portable kernel keeps per-lane float
+    accumulators (ggml's SIMD layout), so only the summation order of the scaled terms differs.
+    """
+    from sdq.kernels.simd import HAVE_AVX2
+
+    if not HAVE_AVX2:
+        pytest.skip("this CPU has no AVX2: only the portable kernels run")
+    rng = np.random.default_rng(int(qtype) + 60)
+    rows, cols = 45, 768
+    raw = random_matrix(rng, qtype, rows, cols)
+    X = rng.standard_normal((3, cols)).astype(np.float32)
+    qx = quantize_activation(X, qtype)
+    simd, plain = np.empty((3, rows), np.float32), np.empty((3, rows), np.float32)
+    matmul_q(raw, qtype, rows, cols, qx, simd)
+    matmul_q(raw, qtype, rows, cols, qx, plain, portable=True)
+    if qtype in (QT.Q8_0, QT.Q4_0):
+        assert (np.abs(simd - plain) <= _bound(raw, qtype, rows, cols, X)).all()
+    else:
+        np.testing.assert_array_equal(simd, plain)

@@ -25,6 +25,15 @@ from numba import prange
 from sdq.kernels.act_quant import QActivation, quantize_activation
 from sdq.kernels.jit import FLOAT_MATH, inline, kernel
 from sdq.kernels.quant import QK_K, as_bytes, dequantize, f16_at, kscale_min, qtype_of
+from sdq.kernels.simd import (
+    HAVE_AVX2,
+    dot_q4_0,
+    dot_q4_k,
+    dot_q5_k,
+    dot_q6_k,
+    dot_q8_0,
+    load_f16,
+)
 
 CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is busy elsewhere
 # Unsigned array offsets: Numba then skips the negative-index fix-up and LLVM sees
@@ -253,6 +262,130 @@ def _mm_q4_0(raw, rows, cols, qs, d, out, nch):
 
 
 # ---------------------------------------------------------------------------------------
+# The same products with ggml-style SIMD block dots (simd.py; x86 AVX2). Same integer block
+# sums; for K-quants also the same float operations in the same order, so results equal the
+# portable kernels' bit for bit (Q8_0/Q4_0: the portable kernels sum per lane, see above).
+
+
+@inline
+def _kscales(raw, o, sc, mins):
+    for j in range(8):
+        s_, m_ = kscale_min(raw, o + 4, j)
+        sc[j] = s_
+        mins[j] = m_
+
+
+@kernel(parallel=True)
+def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
+    T = qs.shape[0]
+    nb = cols // QK_K
+    for c in prange(nch):
+        sc = np.empty(8, np.int16)
+        mins = np.empty(8, np.int32)
+        acc = np.empty(T, np.float32)
+        for r in range(c * rows // nch, (c + 1) * rows // nch):
+            acc[:] = 0
+            for b in range(nb):
+                o = (r * nb + b) * 144
+                _kscales(raw, o, sc, mins)
+                dw = load_f16(raw, o)
+                dmw = load_f16(raw, o + 2)
+                for t in range(T):
+                    isum = dot_q4_k(raw, o, qs, t * cols + b * QK_K, sc)
+                    msum = _min_sum(mins, bs, t, b)
+                    dx = d[t, b]
+                    acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
+            for t in range(T):
+                out[t, r] = acc[t]
+
+
+@kernel(parallel=True)
+def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
+    T = qs.shape[0]
+    nb = cols // QK_K
+    for c in prange(nch):
+        sc = np.empty(8, np.int16)
+        mins = np.empty(8, np.int32)
+        acc = np.empty(T, np.float32)
+        for r in range(c * rows // nch, (c + 1) * rows // nch):
+            acc[:] = 0
+            for b in range(nb):
+                o = (r * nb + b) * 176
+                _kscales(raw, o, sc, mins)
+                dw = load_f16(raw, o)
+                dmw = load_f16(raw, o + 2)
+                for t in range(T):
+                    isum = dot_q5_k(raw, o, qs, t * cols + b * QK_K, sc)
+                    msum = _min_sum(mins, bs, t, b)
+                    dx = d[t, b]
+                    acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
+            for t in range(T):
+                out[t, r] = acc[t]
+
+
+@kernel(parallel=True)
+def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
+    T = qs.shape[0]
+    nb = cols // QK_K
+    for c in prange(nch):
+        sc = np.empty(16, np.int16)
+        acc = np.empty(T, np.float32)
+        for r in range(c * rows // nch, (c + 1) * rows // nch):
+            acc[:] = 0
+            for b in range(nb):
+                o = (r * nb + b) * 210
+                for g in range(16):
+                    v = np.int16(raw[U(o + 192 + g)])
+                    sc[g] = v - 256 if v > 127 else v
+                dw = load_f16(raw, o + 208)
+                for t in range(T):
+                    isum = dot_q6_k(raw, o, qs, t * cols + b * QK_K, sc)
+                    corr = np.int32(0)  # the stored values are q + 32
+                    for g in range(16):
+                        corr = np.int32(corr + np.int32(sc[g]) * bs[t, b * 16 + g])
+                    isum = np.int32(isum - 32 * corr)
+                    acc[t] += (d[t, b] * dw) * np.float32(isum)
+            for t in range(T):
+                out[t, r] = acc[t]
+
+
+@kernel(parallel=True)
+def _mm_q8_0_simd(raw, rows, cols, qs, d, out, nch):
+    T = qs.shape[0]
+    nb = cols // 32
+    for c in prange(nch):
+        acc = np.empty(T, np.float32)
+        for r in range(c * rows // nch, (c + 1) * rows // nch):
+            acc[:] = 0
+            for b in range(nb):
+                o = (r * nb + b) * 34
+                dw = load_f16(raw, o)
+                for t in range(T):
+                    isum = dot_q8_0(raw, o, qs, t * cols + b * 32)
+                    acc[t] += (dw * d[t, b]) * np.float32(isum)
+            for t in range(T):
+                out[t, r] = acc[t]
+
+
+@kernel(parallel=True)
+def _mm_q4_0_simd(raw, rows, cols, qs, d, out, nch):
+    T = qs.shape[0]
+    nb = cols // 32
+    for c in prange(nch):
+        acc = np.empty(T, np.float32)
+        for r in range(c * rows // nch, (c + 1) * rows // nch):
+            acc[:] = 0
+            for b in range(nb):
+                o = (r * nb + b) * 18
+                dw = load_f16(raw, o)
+                for t in range(T):
+                    isum = dot_q4_0(raw, o, qs, t * cols + b * 32)
+                    acc[t] += (dw * d[t, b]) * np.float32(isum)
+            for t in range(T):
+                out[t, r] = acc[t]
+
+
+# ---------------------------------------------------------------------------------------
 # Float weights x float activations (already rounded to the weight's format).
 
 
@@ -314,8 +447,13 @@ def _check_out(out, *shape):
         )
 
 
-def matmul_q(raw, qtype, rows: int, cols: int, qx: QActivation, out: np.ndarray) -> None:
-    """out[T, rows] = X @ W.T for activations already converted by quantize_activation."""
+def matmul_q(
+    raw, qtype, rows: int, cols: int, qx: QActivation, out: np.ndarray, portable: bool = False
+) -> None:
+    """out[T, rows] = X @ W.T for activations already converted by quantize_activation.
+
+    ``portable=True`` forces the plain-Numba kernels even where the SIMD ones can run (the
+    two give identical results; tests compare them)."""
     qt = qtype_of(qtype)
     if qx.cols != cols:
         raise ValueError(f"activation length {qx.cols} != weight columns {cols}")
@@ -323,16 +461,19 @@ def matmul_q(raw, qtype, rows: int, cols: int, qx: QActivation, out: np.ndarray)
     out2 = out.reshape(qx.T, rows) if out.ndim == 1 else out
     _check_out(out2, qx.T, rows)
     nch = min(rows, numba.get_num_threads() * CHUNKS_PER_THREAD)
+    simd = HAVE_AVX2 and not portable
     if qt == QT.Q4_K:
-        _mm_q4_k(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
+        (_mm_q4_k_simd if simd else _mm_q4_k)(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
     elif qt == QT.Q5_K:
-        _mm_q5_k(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
+        (_mm_q5_k_simd if simd else _mm_q5_k)(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
     elif qt == QT.Q6_K:
-        _mm_q6_k(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
+        (_mm_q6_k_simd if simd else _mm_q6_k)(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
+    elif qt == QT.Q8_0 and simd:
+        _mm_q8_0_simd(flat, rows, cols, qx.qs, qx.d, out2, nch)
     elif qt == QT.Q8_0:
         _mm_q8_0(flat, flat.view(np.int8), rows, cols, qx.qs, qx.d, out2, nch)
     elif qt == QT.Q4_0:
-        _mm_q4_0(flat, rows, cols, qx.qs, qx.d, out2, nch)
+        (_mm_q4_0_simd if simd else _mm_q4_0)(flat, rows, cols, qx.qs, qx.d, out2, nch)
     elif qt == QT.F32:
         _mm_f32(flat.view(np.float32), rows, cols, qx.xf, out2, nch)
     elif qt == QT.F16:
