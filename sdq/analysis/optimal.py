@@ -127,9 +127,12 @@ def _flow_kernel(tail, head, cap0, cost0, n_nodes, source, sink, units):
         path_cost = dist[sink] - pot[source] + pot[sink]
         if path_cost >= 0:
             break  # no path saves a miss: the remaining slots stay idle
+        far = 0
         for i in range(n_nodes):
-            if dist[i] < big:
-                pot[i] += dist[i]
+            if dist[i] < big and dist[i] > far:
+                far = dist[i]
+        for i in range(n_nodes):  # unreached nodes move by the largest distance, so that
+            pot[i] += dist[i] if dist[i] < big else far  # no reduced cost turns negative
         push = units - sent
         v = sink
         while v != source:
