@@ -36,6 +36,9 @@ from sdq.kernels.simd import (
 )
 
 CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is busy elsewhere
+# Below this many weights x tokens a product runs on the calling thread alone: waking the
+# other threads costs more than it saves (a few microseconds, far more on a busy machine).
+PARALLEL_MIN_WORK = 1 << 16
 # Unsigned array offsets: Numba then skips the negative-index fix-up and LLVM sees
 # contiguous loads it can vectorize (with signed offsets it emits byte-by-byte gathers).
 U = np.uint64
@@ -460,26 +463,54 @@ def matmul_q(
     flat = as_bytes(raw, qt, rows, cols)
     out2 = out.reshape(qx.T, rows) if out.ndim == 1 else out
     _check_out(out2, qx.T, rows)
-    nch = min(rows, numba.get_num_threads() * CHUNKS_PER_THREAD)
-    simd = HAVE_AVX2 and not portable
-    if qt == QT.Q4_K:
-        (_mm_q4_k_simd if simd else _mm_q4_k)(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
-    elif qt == QT.Q5_K:
-        (_mm_q5_k_simd if simd else _mm_q5_k)(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
-    elif qt == QT.Q6_K:
-        (_mm_q6_k_simd if simd else _mm_q6_k)(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
-    elif qt == QT.Q8_0 and simd:
-        _mm_q8_0_simd(flat, rows, cols, qx.qs, qx.d, out2, nch)
-    elif qt == QT.Q8_0:
-        _mm_q8_0(flat, flat.view(np.int8), rows, cols, qx.qs, qx.d, out2, nch)
-    elif qt == QT.Q4_0:
-        (_mm_q4_0_simd if simd else _mm_q4_0)(flat, rows, cols, qx.qs, qx.d, out2, nch)
-    elif qt == QT.F32:
-        _mm_f32(flat.view(np.float32), rows, cols, qx.xf, out2, nch)
-    elif qt == QT.F16:
-        _mm_f16(flat.view(np.uint16), _F16_LUT, rows, cols, qx.xf, out2, nch)
-    else:  # BF16
-        _mm_bf16(flat.view(np.uint16), rows, cols, qx.xf, out2, nch)
+    kern, args = (_PORTABLE if portable or not HAVE_AVX2 else _FAST)[qt]
+    threads = numba.get_num_threads()
+    if threads > 1 and rows * cols * qx.T < PARALLEL_MIN_WORK:
+        numba.set_num_threads(1)
+        try:
+            _call(kern, args, flat, rows, cols, qx, out2, 1)
+        finally:
+            numba.set_num_threads(threads)
+    else:
+        _call(kern, args, flat, rows, cols, qx, out2, min(rows, threads * CHUNKS_PER_THREAD))
+
+
+def _call(kern, args, flat, rows, cols, qx, out2, nch):
+    if args == "k":  # K-quants: Q8_K activations with block sums
+        kern(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
+    elif args == "0":  # 32-value blocks: Q8_0 activations
+        kern(flat, rows, cols, qx.qs, qx.d, out2, nch)
+    elif args == "f32":
+        kern(flat.view(np.float32), rows, cols, qx.xf, out2, nch)
+    elif args == "f16":
+        kern(flat.view(np.uint16), _F16_LUT, rows, cols, qx.xf, out2, nch)
+    else:  # bf16
+        kern(flat.view(np.uint16), rows, cols, qx.xf, out2, nch)
+
+
+def _q8_0_portable(flat, rows, cols, qs, d, out, nch):
+    _mm_q8_0(flat, flat.view(np.int8), rows, cols, qs, d, out, nch)
+
+
+# weight type -> (kernel, argument kind)
+_PORTABLE = {
+    QT.Q4_K: (_mm_q4_k, "k"),
+    QT.Q5_K: (_mm_q5_k, "k"),
+    QT.Q6_K: (_mm_q6_k, "k"),
+    QT.Q8_0: (_q8_0_portable, "0"),
+    QT.Q4_0: (_mm_q4_0, "0"),
+    QT.F32: (_mm_f32, "f32"),
+    QT.F16: (_mm_f16, "f16"),
+    QT.BF16: (_mm_bf16, "bf16"),
+}
+_FAST = {
+    **_PORTABLE,
+    QT.Q4_K: (_mm_q4_k_simd, "k"),
+    QT.Q5_K: (_mm_q5_k_simd, "k"),
+    QT.Q6_K: (_mm_q6_k_simd, "k"),
+    QT.Q8_0: (_mm_q8_0_simd, "0"),
+    QT.Q4_0: (_mm_q4_0_simd, "0"),
+}
 
 
 def matvec_q(raw, qtype, rows: int, cols: int, qx: QActivation, out: np.ndarray) -> None:

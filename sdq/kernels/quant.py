@@ -35,8 +35,14 @@ SUPPORTED = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_K, QT.Q5_K, QT.Q6_
 QK_K = 256  # values per K-quant super-block
 
 
+_SUPPORTED_BY_KEY = {**{t: t for t in SUPPORTED}, **{int(t): t for t in SUPPORTED}}
+
+
 def qtype_of(qtype, name: str | None = None) -> QT:
     """Normalise ``qtype`` (enum, int or name) and reject types the kernels do not handle."""
+    qt = _SUPPORTED_BY_KEY.get(qtype) if not isinstance(qtype, str) else None
+    if qt is not None:  # the common case, once per matrix product: one dict lookup
+        return qt
     try:
         if isinstance(qtype, str):
             qt = QT[qtype.upper()]
@@ -59,7 +65,7 @@ def block_facts(qtype: QT) -> tuple[int, int]:
 
 def row_nbytes(qtype: QT, cols: int, name: str | None = None) -> int:
     """Bytes of one row of ``cols`` values; cols must be a whole number of blocks."""
-    bs, ts = block_facts(qtype)
+    bs, ts = GGML_QUANT_SIZES[qtype]
     if cols % bs:
         where = f" of tensor {name}" if name else ""
         raise UnsupportedError(
@@ -69,7 +75,18 @@ def row_nbytes(qtype: QT, cols: int, name: str | None = None) -> int:
 
 
 def as_bytes(raw: np.ndarray, qtype: QT, rows: int, cols: int, name: str | None = None):
-    """Flat uint8 view of a weight matrix's bytes, checked against (rows, cols)."""
+    """Flat uint8 view of a weight matrix's bytes, checked against (rows, cols).
+
+    The view is read-only: file memmaps are read-only, arena slots are not, and Numba
+    compiles a separate specialization for each; handing it one kind halves compile time."""
+    if (
+        type(raw) is np.ndarray
+        and raw.ndim == 1
+        and raw.dtype == np.uint8
+        and not raw.flags.writeable
+        and raw.size == rows * row_nbytes(qtype, cols, name)
+    ):
+        return raw  # already what the kernels take (e.g. the view returned last time)
     raw = np.asarray(raw)
     if not raw.flags.c_contiguous:
         raw = np.ascontiguousarray(raw)
@@ -81,8 +98,6 @@ def as_bytes(raw: np.ndarray, qtype: QT, rows: int, cols: int, name: str | None 
             f"{flat.size} bytes given{where}, {need} needed for {rows} x {cols} {qtype.name}"
         )
     view = flat[:need]
-    # Always hand the kernels a read-only view: file memmaps are read-only, arena slots are
-    # not, and Numba compiles a separate specialization for each; one is enough.
     view.flags.writeable = False
     return view
 
