@@ -1,0 +1,14 @@
+"""Routing analysis: what an expert cache can and cannot win, from recorded routing.
+
+    trace.py       RouteTrace: per sequence, per phase, [tokens, layers, K] expert ids
+    readers.py     sdq route logs and the published Granite / Mixtral / DeepSeek traces
+    simulate.py    cache policies over lookup groups (Numba kernel + plain-Python reference)
+    optimal.py     the fewest misses with bypass allowed (min-cost flow)
+    replay.py      a trace through a policy: per-layer or global scope, sweeps
+    reuse.py       reuse in a token window, U(k) unions, per-layer popularity
+    ngram.py       prompt-lookup drafting and the expert reads of batch verification
+    engine_log.py  record sdq's own route log (`sdq chat --route-log`) with token ids
+    tables.py      the tables of notebook 02 (T6-T8) as DataFrames
+
+Command line: `sdq routes simulate TRACE`, `sdq routes stats TRACE`.
+"""
