@@ -422,9 +422,15 @@ def _ready_order(handle, n: int) -> list[int]:
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
-    """out = x / sqrt(mean(x^2) + eps) * weight over the last axis (may be in place)."""
-    ms = np.einsum("...i,...i->...", x, x, dtype=np.float64) / x.shape[-1]
-    scale = (1.0 / np.sqrt(ms + eps)).astype(np.float32)
+    """out = x / sqrt(mean(x^2) + eps) * weight over the last axis (may be in place).
+
+    Rounding as ggml: squares in float32 summed in float64, the mean rounded to float32, the
+    scale and both products in float32. The result feeds 8-bit activation quantization, where
+    one ulp can move a value across a rounding boundary, so matching it keeps the two engines'
+    quantized activations identical more often."""
+    sq = np.square(x)  # float32
+    mean = (sq.sum(axis=-1, dtype=np.float64) / x.shape[-1]).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))  # float32
     np.multiply(x, scale[..., None], out=out)
     out *= weight
 

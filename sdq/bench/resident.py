@@ -18,6 +18,8 @@ import json
 import statistics
 import time
 
+from sdq.bench.llama_ref import LLAMA_SETTINGS_NOTE, open_llama
+
 DEFAULT_PROMPT = (
     "The storage hierarchy of a computer has three levels that matter here: the CPU caches, "
     "main memory and the solid-state disk. Explain in a few sentences how a program that is "
@@ -82,6 +84,7 @@ def run(args) -> int:
         "threads": args.threads,
         "ubatch": args.ubatch,
         "repeats": args.repeats,
+        "llama_settings": LLAMA_SETTINGS_NOTE,
     }
     for name, rows in samples.items():
         for key in ("prefill_tok_s", "decode_tok_s"):
@@ -99,7 +102,8 @@ def run(args) -> int:
 def _table(r: dict) -> str:
     lines = [
         f"{r['model']}: prompt {r['n_prompt']} tokens, {r['n_predict']} generated, "
-        f"-t {r['threads']} -b {r['ubatch']}, median of {r['repeats']} alternating runs",
+        f"-t {r['threads']} -b {r['ubatch']}, median of {r['repeats']} alternating runs; "
+        f"{r['llama_settings']}",
         f"{'engine':10s} {'prefill tok/s':>14s} {'decode tok/s':>13s}",
     ]
     for name in ("sdq", "llama.cpp"):
@@ -116,22 +120,10 @@ class LlamaRunner:
     """llama.cpp (llama-cpp-python) on the same file: prefill, then greedy decode."""
 
     def __init__(self, path: str, n_ctx: int, n_ubatch: int, threads: int):
-        try:
-            import llama_cpp
-        except ImportError as exc:  # pinned dependency; missing only in a broken install
-            from sdq.errors import UnsupportedError
+        import llama_cpp
 
-            raise UnsupportedError(f"llama-cpp-python is not installed ({exc})") from None
         self.lib = llama_cpp
-        self.llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_batch=n_ubatch,
-            n_ubatch=n_ubatch,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-        )
+        self.llm = open_llama(path, n_ctx=n_ctx, n_ubatch=n_ubatch, threads=threads)
         self.n_vocab = self.llm.n_vocab()
 
     def last_logits(self):
