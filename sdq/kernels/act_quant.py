@@ -29,6 +29,7 @@ from gguf import GGMLQuantizationType as QT
 
 from sdq.kernels.jit import inline, kernel
 from sdq.kernels.quant import QK_K, qtype_of
+from sdq.kernels.simd import round_f16
 
 QK8_0 = 32
 
@@ -86,11 +87,8 @@ def round_to_bits(v, bits, emin):
 
 @inline
 def to_f16(v):
-    """float32 -> nearest IEEE half (ties to even), returned as float32."""
-    r = round_to_bits(v, 11, -13)
-    if abs(r) >= 65520.0:  # beyond the largest half (65504) plus half an ulp
-        return np.float32(np.inf) if v > 0 else np.float32(-np.inf)
-    return r
+    """float32 -> nearest IEEE half (ties to even, overflow to inf), returned as float32."""
+    return round_f16(v)
 
 
 @inline

@@ -32,6 +32,7 @@ from sdq.kernels.simd import (
     dot_q5_k,
     dot_q6_k,
     dot_q8_0,
+    load_bf16,
     load_f16,
 )
 
@@ -405,13 +406,13 @@ def _mm_f32(wf, rows, cols, xf, out, nch):
 
 
 @kernel(parallel=True, fastmath=FLOAT_MATH)
-def _mm_f16(w16, lut, rows, cols, xf, out, nch):
+def _mm_f16(raw, rows, cols, xf, out, nch):
     T = xf.shape[0]
     for c in prange(nch):
         wrow = np.empty(cols, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            for i in range(cols):
-                wrow[i] = lut[w16[U(r * cols + i)]]
+            for i in range(cols):  # half -> float (exact; vcvtph2ps where the CPU has F16C)
+                wrow[i] = load_f16(raw, 2 * (r * cols + i))
             for t in range(T):
                 s = np.float32(0.0)
                 for i in range(cols):
@@ -420,22 +421,18 @@ def _mm_f16(w16, lut, rows, cols, xf, out, nch):
 
 
 @kernel(parallel=True, fastmath=FLOAT_MATH)
-def _mm_bf16(w16, rows, cols, xf, out, nch):
+def _mm_bf16(raw, rows, cols, xf, out, nch):
     T = xf.shape[0]
     for c in prange(nch):
-        bits = np.empty(cols, np.uint32)
-        wrow = bits.view(np.float32)
+        wrow = np.empty(cols, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             for i in range(cols):
-                bits[i] = np.uint32(w16[U(r * cols + i)]) << np.uint32(16)
+                wrow[i] = load_bf16(raw, 2 * (r * cols + i))
             for t in range(T):
                 s = np.float32(0.0)
                 for i in range(cols):
                     s += wrow[i] * xf[t, i]
                 out[t, r] = s
-
-
-_F16_LUT = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -483,9 +480,9 @@ def _call(kern, args, flat, rows, cols, qx, out2, nch):
     elif args == "f32":
         kern(flat.view(np.float32), rows, cols, qx.xf, out2, nch)
     elif args == "f16":
-        kern(flat.view(np.uint16), _F16_LUT, rows, cols, qx.xf, out2, nch)
+        kern(flat, rows, cols, qx.xf, out2, nch)
     else:  # bf16
-        kern(flat.view(np.uint16), rows, cols, qx.xf, out2, nch)
+        kern(flat, rows, cols, qx.xf, out2, nch)
 
 
 def _q8_0_portable(flat, rows, cols, qs, d, out, nch):

@@ -217,3 +217,29 @@ def dot_q4_0(typingctx, raw, o, x, xo):
         return e.hsum(e.signed_dot(w, e.load(2, xo_)))
 
     return sig, codegen
+
+
+@intrinsic
+def load_bf16(typingctx, arr, off):
+    """The little-endian bfloat16 at arr[off:off+2] (uint8 array) as float32, exactly."""
+    sig = types.float32(arr, off)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        ptr = cgutils.pointer_add(builder, e.arrays[0].data, args[1])
+        h = builder.load(builder.bitcast(ptr, _i16.as_pointer()), align=1)
+        bits = builder.shl(builder.zext(h, _i32), ir.Constant(_i32, 16))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def round_f16(typingctx, x):
+    """float32 -> nearest IEEE half (ties to even, overflow to inf), returned as float32."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
