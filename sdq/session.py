@@ -10,6 +10,7 @@ so no buffer grows after the arena is sized (the seed's §5.1 crash).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from sdq.errors import ParamsError
@@ -30,6 +31,7 @@ class RunSettings:
     resident: bool = False  # every expert copied into RAM; no plan, no pager
     ram_budget_mb: float | None = None  # None: memory available now
     reserve_mb: float | None = None  # None: the plan's default
+    max_slots: int | None = None  # cap the arena below what the budget allows
     io_threads: int | None = None  # None: 3 x threads
     io_mode: str = "parallel"
     io_split: int = 1
@@ -51,6 +53,7 @@ class RunSettings:
             resident=args.resident,
             ram_budget_mb=args.ram_budget_mb,
             reserve_mb=args.reserve_mb,
+            max_slots=args.max_slots,
             io_threads=args.io_threads,
             io_mode=args.io_mode,
             io_split=args.io_split,
@@ -98,6 +101,8 @@ class Session:
                 io_threads=io_threads,
                 **kw,
             )
+            if s.max_slots is not None and self.plan.slots > s.max_slots:
+                self.plan = dataclasses.replace(self.plan, slots=s.max_slots)
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch)
             weights = DenseWeights.load(model)
             io = IOSettings(

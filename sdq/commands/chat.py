@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ram-budget-mb", type=float, help="RAM the whole process may use (default: available)"
     )
     p.add_argument("--reserve-mb", type=float, help="RAM kept free inside the budget")
+    p.add_argument("--max-slots", type=int, help="cap the expert arena at this many slots")
     p.add_argument("--io-threads", type=int, help="expert read threads (default 3 x threads)")
     p.add_argument("--io-mode", choices=IO_MODES, default="parallel")
     p.add_argument("--io-split", type=int, default=1, help="pieces per segment (--io-mode split)")
@@ -99,10 +100,10 @@ def _check_args(args) -> None:
     ):
         if value < low:
             raise ParamsError(f"{flag} {value} must be >= {low}")
-    if args.io_threads is not None and args.io_threads < 1:
-        raise ParamsError(f"--io-threads {args.io_threads} must be >= 1")
-    if args.ubatch > args.ctx_size:
-        raise ParamsError(f"-b {args.ubatch} is larger than the context -c {args.ctx_size}")
+    for flag, value in (("--io-threads", args.io_threads), ("--max-slots", args.max_slots)):
+        if value is not None and value < 1:
+            raise ParamsError(f"{flag} {value} must be >= 1")
+    args.ubatch = min(args.ubatch, args.ctx_size)  # a ubatch never exceeds the context
 
 
 def _printer():
