@@ -27,12 +27,13 @@ real `sdq.pager.ExpertCache` (experts paged from the file into the arena) or `Re
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sdq.errors import SdqError, UnsupportedError
+from sdq.errors import ReadError, SdqError, UnsupportedError
 from sdq.kernels import dequantize
 from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
 from sdq.kernels.dot import matmul_q
@@ -99,21 +100,34 @@ class DenseWeights:
 
     @classmethod
     def load(cls, model) -> DenseWeights:
+        """Read every dense tensor from the file into anonymous memory with pread: no file
+        mapping, so the process never holds the weights twice (mapped pages + copy)."""
         tensors = model.tensors
+        with open(model.path, "rb", buffering=0) as f:
 
-        def matrix(name: str) -> Matrix:
-            info = tensors.get(name)
-            if info is None:
-                raise UnsupportedError(f"{model.path}: tensor {name} is missing")
-            cols, rows = int(info.shape[0]), int(np.prod(info.shape[1:]))
-            raw = np.array(model.tensor_data(name))  # copy: resident, not a file mapping
-            return Matrix(name, raw, int(info.qtype), rows, cols)
+            def read(name: str) -> np.ndarray:
+                info = tensors.get(name)
+                if info is None:
+                    raise UnsupportedError(f"{model.path}: tensor {name} is missing")
+                like = model.tensor_data(name)  # a view, for shape and dtype; pages untouched
+                out = np.empty(like.shape, like.dtype)
+                _pread_into(f, out, info.offset, model.path, name)
+                return out
 
-        def vector(name: str) -> np.ndarray:
-            if name not in tensors:
-                raise UnsupportedError(f"{model.path}: tensor {name} is missing")
-            return np.ascontiguousarray(model.tensor_data(name), dtype=np.float32).reshape(-1)
+            def matrix(name: str) -> Matrix:
+                raw = read(name)
+                info = tensors[name]
+                cols, rows = int(info.shape[0]), int(np.prod(info.shape[1:]))
+                return Matrix(name, raw, int(info.qtype), rows, cols)
 
+            def vector(name: str) -> np.ndarray:
+                return read(name).astype(np.float32).reshape(-1)
+
+            return cls._assemble(model, matrix, vector)
+
+    @classmethod
+    def _assemble(cls, model, matrix, vector) -> DenseWeights:
+        tensors = model.tensors
         embd = matrix("token_embd.weight")
         output = matrix("output.weight") if "output.weight" in tensors else embd
         layers = []
@@ -148,19 +162,18 @@ class ResidentExperts:
     def __init__(self, model):
         table = model.require_experts() if hasattr(model, "require_experts") else model.experts
         self.table = table
-        mm = np.memmap(model.path, dtype=np.uint8, mode="r")
         self._parts: dict[int, list[list[np.ndarray]]] = {}
-        for li, layer in enumerate(table.layers):
-            per_expert = []
-            for e in range(table.n_expert):
-                per_expert.append(
-                    [
-                        np.array(mm[int(o) : int(o) + int(n)])
-                        for o, n in zip(table.offsets[li, e], table.nbytes[li, e], strict=True)
-                    ]
-                )
-            self._parts[int(layer)] = per_expert
-        del mm
+        with open(model.path, "rb", buffering=0) as f:
+            for li, layer in enumerate(table.layers):
+                per_expert = []
+                for e in range(table.n_expert):
+                    parts = []
+                    for o, n in zip(table.offsets[li, e], table.nbytes[li, e], strict=True):
+                        part = np.empty(int(n), np.uint8)
+                        _pread_into(f, part, int(o), model.path, f"layer {layer} expert {e}")
+                        parts.append(part)
+                    per_expert.append(parts)
+                self._parts[int(layer)] = per_expert
         self.lookups = 0
 
     @property
@@ -194,6 +207,19 @@ class _ResidentHandle:
 
     def views(self, i: int):
         return self.parts[self.ids[i]]
+
+
+def _pread_into(f, out: np.ndarray, offset: int, path, what: str) -> None:
+    """Fill `out` with the file's bytes at `offset` (ReadError on a short read)."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        n = os.preadv(f.fileno(), [view[done:]], offset + done)
+        if n <= 0:
+            raise ReadError(
+                f"{path}: {what}: short read at byte {offset + done} ({done} of {len(view)} read)"
+            )
+        done += n
 
 
 # --- the forward pass -----------------------------------------------------------------------
