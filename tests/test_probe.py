@@ -157,6 +157,14 @@ def test_recommend_smallest_threads_within_five_percent():
     assert rec.io_threads == 4 and rec.best_mb_s == 1000 and rec.io_split == 1
 
 
+def test_recommend_does_not_chase_a_noisy_best():
+    # 12 threads' median is best, but its own slowest run is below 6 threads' median
+    levels = [stats(1, 1000), stats(6, 1140), stats(12, 1506, mb_s_min=1066), stats(16, 1100)]
+    rec = recommend(result_with(levels))
+    assert rec.io_threads == 6 and rec.best_mb_s == 1506
+    assert "spread" in rec.why
+
+
 def test_recommend_split_only_when_it_clearly_helps():
     levels = [stats(1, 100)]
     flat = [stats(1, 100, s, 24) for s in (1, 2, 4)] + [stats(1, 104, 8, 24)]

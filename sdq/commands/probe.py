@@ -155,10 +155,16 @@ def format_report(result, rec) -> str:
             f"{r.mb_s:>8.0f}"
         )
     cached = max(r.cached for r in result.levels + result.small + result.split)
+    if result.cache_mode == "direct":
+        verdict = " (O_DIRECT reads bypass it)"
+    elif cached < 0.01:
+        verdict = ""
+    else:
+        verdict = " -- WARNING: part of these figures is memory, not device"
     lines += [
         "",
-        f"page cache before the reads: at most {100 * cached:.1f}% of the pages read were cached"
-        + ("" if cached < 0.01 else " -- WARNING: part of these figures is memory, not device"),
+        f"page cache before the reads: up to {100 * cached:.1f}% of the pages to read were cached"
+        + verdict,
         f"recommendation: io_threads={rec.io_threads} io_split={rec.io_split} ({rec.why})",
         f"took {result.seconds:.1f} s",
     ]
