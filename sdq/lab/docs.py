@@ -83,8 +83,10 @@ def _render_page(site: Site, template: Path, charts: dict[Path, Path]) -> str:
         "Edit the template, not this file. -->\n"
     )
     if not out.is_dir():
+        notebook = site.root / "notebooks" / f"{stem}.ipynb"
+        title = read_notebook(notebook).title if notebook.is_file() else stem
         return header + (
-            f"# {stem}\n\n*{NOT_PRODUCED}: {site.rel(out)}/ does not exist. Run "
+            f"# {title}\n\n*{NOT_PRODUCED}: {site.rel(out)}/ does not exist. Run "
             f"`make reproduce PARAMS={site.params}` to produce it.*\n"
         )
     text = template.read_text(encoding="utf-8")

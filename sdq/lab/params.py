@@ -56,17 +56,6 @@ class Params:
             )
         return dict(self.notebooks[stem])
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "model": {
-                "preset": self.model.preset,
-                "qtype": self.model.qtype,
-                "seed": self.model.seed,
-            },
-            "notebooks": {k: dict(v) for k, v in self.notebooks.items()},
-        }
-
 
 def available(root: Path | None = None) -> list[str]:
     """Names of the parameter sets in params/."""

@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sdq.errors import LabError, SdqError
@@ -128,7 +128,7 @@ def run_one(
             return NotebookResult(stem, False, seconds, failed, str(exc))
         executed = _keep_or_drop_executed(execution.executed_path, max_executed_bytes)
         record = provenance.collect(
-            params={"name": params.name, "model": params.to_dict()["model"], stem: section},
+            params={"name": params.name, "model": asdict(params.model), stem: section},
             notebook=stem,
             outputs_dir=outputs_root,
             model_path=model_path,
