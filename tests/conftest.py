@@ -30,13 +30,19 @@ def _build(preset: str, qtype: str, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(llama_cpp) -> Path:
-    """The tiny synthetic qwen3moe model in Q4_K_M (Q4_K and Q6_K tensors), seed 0."""
+def tiny_model_f16() -> Path:
+    """The tiny synthetic qwen3moe model in F16, seed 0 (also the quantizer's input below)."""
+    return _build("tiny", "F16")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(llama_cpp, tiny_model_f16) -> Path:
+    """The tiny model in Q4_K_M (Q4_K, Q5_K, Q6_K, Q8_0 tensors), seed 0."""
     return _build("tiny", "Q4_K_M")
 
 
 @pytest.fixture(scope="session")
-def tiny_model_q8(llama_cpp) -> Path:
+def tiny_model_q8(llama_cpp, tiny_model_f16) -> Path:
     """The same weights in Q8_0."""
     return _build("tiny", "Q8_0")
 

@@ -43,7 +43,9 @@ def test_test_vectors_parse(qwen2_test_vectors):
 
 
 def test_llama_cpp_tokenizes_the_vectors_as_expected(llama_cpp, qwen2_vocab, qwen2_test_vectors):
-    llm = llama_cpp.Llama(str(qwen2_vocab), vocab_only=True, verbose=False)
+    from sdq.bench.llama_ref import open_llama
+
+    llm = open_llama(qwen2_vocab, n_ctx=64, n_ubatch=64, threads=1, vocab_only=True)
     for text, ids in qwen2_test_vectors:
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, text
 
