@@ -10,10 +10,12 @@ and then, for Q8_0 / Q4_K_M / Q4_0 ..., quantized by llama.cpp's own quantizer
 layouts llama.cpp produces for real models. The weights and the routing construction are in
 `sdq.synth_weights`.
 
-Presets: `tiny` (every matrix dimension a multiple of 256, so Q4_K_M really holds Q4_K / Q6_K
-tensors and no fallback types; about 55 MB in Q4_K_M, dominated by the 151,936-token vocabulary)
-for tests, and `mini` (seed-like expert segments: n_embd 2048, expert FFN 512, so one Q4_K
-gate/up segment is 589,824 B; 64 experts, top-8; 8 layers; well over 1 GB) for `make reproduce`.
+Presets: `tiny` for tests: every matrix row length a multiple of 256, so llama.cpp never falls
+back to a 32-block type and Q4_K_M holds Q4_K, Q5_K and Q6_K tensors (plus Q8_0 attn_k/attn_v,
+llama.cpp's choice for 8-expert models); about 62 MB in Q4_K_M, mostly the 151,936-token
+vocabulary's embedding and output matrices. `mini` for `make reproduce`: seed-like expert
+segments (n_embd 2048, expert FFN 512, so one Q4_K gate/up segment is 589,824 B), 64 experts,
+top-8, 8 layers; about 1.5 GB in Q4_K_M.
 
 Files are cached under `<cache>/models/` (`sdq.cache`) by a content hash of (config, qtype,
 seed, SYNTH_FORMAT_VERSION, vocabulary hash, llama-cpp-python version). A model is written to a
@@ -485,7 +487,7 @@ def quantize(src: Path, dst: Path, qtype: str, *, progress: bool = False, nthrea
                 str(src).encode(), str(dst).encode(), params
             )
 
-    thread = threading.Thread(target=work, name="llama-quantize")
+    thread = threading.Thread(target=work, name="llama-quantize", daemon=True)  # Ctrl-C exits
     thread.start()
     # The quantizer is one C call; show its progress as the bytes it has written so far.
     with tqdm(unit="B", unit_scale=True, desc=f"quantize {q}", disable=not progress) as bar:
