@@ -117,3 +117,15 @@ def test_page_without_outputs_says_not_produced(repo):
     assert next(ln for ln in index.splitlines() if ln.startswith("| T2 |")).endswith(
         NOT_PRODUCED + " |"
     )
+
+
+def test_cli_prints_one_line_and_exits_2_on_error(repo, monkeypatch, capsys):
+    from sdq.lab import docs
+
+    monkeypatch.setattr(docs, "repo_root", lambda: repo)
+    assert docs.main(["--params", "default"]) == 0
+    assert capsys.readouterr().out.startswith("docs: rendered 2 files from outputs/*/default/")
+    (repo / "docs" / "src" / "00_demo.md").write_text("{{value:missing}}\n")
+    assert docs.main(["--params", "default"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("docs: error: docs/src/00_demo.md:1:")

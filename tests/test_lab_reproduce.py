@@ -89,3 +89,22 @@ def test_cli_unknown_params_is_exit_2(capsys):
     assert reproduce.main(["--params", "no-such-set"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("reproduce: error: params/no-such-set.yaml: no such parameter set")
+
+
+@pytest.mark.slow
+def test_outputs_under_another_name_are_refused(repo):
+    params = load_params("smoke", root=repo)
+    make_notebook(
+        repo / "notebooks" / "00_ok.ipynb",
+        "n = 1\n",
+        OK_CELL.replace('"00_ok", params_name', '"00_ok", "default"'),
+    )
+    (result,) = reproduce.run(
+        params, only=["00_ok"], root=repo, model_path=repo / "model.gguf", log=lambda s: None
+    )
+    assert not result.ok
+    assert result.error == (
+        "00_ok.ipynb: wrote outputs to 00_ok/default/ instead of 00_ok/<params_name>/ "
+        "(use Outputs('00_ok', params_name))"
+    )
+    assert not (repo / "outputs" / "00_ok" / "default").exists()

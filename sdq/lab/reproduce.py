@@ -121,6 +121,7 @@ def run_one(
     try:
         try:
             execution = runner.execute(nb, staged / f"{stem}.ipynb", parameters, staging_root)
+            _check_no_stray_outputs(nb, staging_root, staged)
         except LabError as exc:
             seconds = time.perf_counter() - started
             atomic.write_text(staged / "error.txt", str(exc) + "\n")
@@ -144,6 +145,17 @@ def run_one(
         return NotebookResult(stem, True, time.perf_counter() - started, final)
     finally:
         shutil.rmtree(staging_root, ignore_errors=True)
+
+
+def _check_no_stray_outputs(nb: Path, staging_root: Path, staged: Path) -> None:
+    """Outputs written under another notebook or parameter set would be lost: refuse them."""
+    stray = sorted(p for p in staging_root.glob("*/*") if p != staged)
+    if stray:
+        where = stray[0].relative_to(staging_root).as_posix()
+        raise LabError(
+            f"{nb.name}: wrote outputs to {where}/ instead of {nb.stem}/<params_name>/ "
+            f"(use Outputs({nb.stem!r}, params_name))"
+        )
 
 
 def _keep_or_drop_executed(path: Path, limit: int | None) -> dict:
