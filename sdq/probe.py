@@ -477,6 +477,15 @@ class ProbeResult:
     fio: list[dict] = field(default_factory=list)  # fio on the same level cells (fio_summary)
     fio_note: str = ""  # fio's version, or why there is no fio column
     seconds: float = 0.0
+    # 1-minute load average before and after, and the CPUs: how busy the machine was
+    load: tuple[float, float] = (0.0, 0.0)
+    cpus: int = 0
+
+    def conditions(self) -> str:
+        return (
+            f"1-min load average {self.load[0]:.1f} -> {self.load[1]:.1f} on {self.cpus} CPUs "
+            f"over {self.seconds:.0f} s"
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -662,8 +671,10 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
             cache_mode=settings.cache_mode,
             reader=READER,
         )
+        load_before = os.getloadavg()[0]
         with _signals_raise():
             _sweep(result, settings, path, fd, file_bytes, rng, say)
+        result.load, result.cpus = (load_before, os.getloadavg()[0]), os.cpu_count() or 0
     result.seconds = time.perf_counter() - t0
     return result
 

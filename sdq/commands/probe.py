@@ -166,7 +166,7 @@ def format_report(result, rec) -> str:
         f"page cache before the reads: up to {100 * cached:.1f}% of the pages to read were cached"
         + verdict,
         f"recommendation: io_threads={rec.io_threads} io_split={rec.io_split} ({rec.why})",
-        f"took {result.seconds:.1f} s",
+        f"took {result.seconds:.1f} s; {result.conditions()} (a busy machine inflates latency)",
     ]
     return "\n".join(lines)
 
