@@ -1,0 +1,189 @@
+"""From journal rows to tables: one row per run (`runs_frame`), medians and spread per
+configuration (`summarize`), and the op profile per run (`profile_frame`).
+
+Spread of a metric over the repeats of one configuration: min, max, and (max - min) / median,
+the relative width a reader compares against the differences between configurations. With the
+seed's 3-5 repeats, min and max say more than a standard deviation would.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+# figures a chat reports (DESIGN.md names), taken from its JSON
+CHAT_METRICS = (
+    "decode_tok_s",
+    "prefill_tok_s",
+    "ttft_ms",
+    "hit_rate",
+    "ssd_mb_per_token",
+    "expert_io_ms_per_token",
+    "expert_compute_ms_per_token",
+    "total_ms_per_token",
+    "slots",
+    "slot_bytes",
+    "n_prompt",
+    "n_decode",
+)
+MB = 1 << 20
+
+
+def run_record(row: dict) -> dict:
+    """One journal row as a flat record: the configuration, how the run ended, its figures."""
+    rec = {k: v for k, v in row.items() if k not in ("result", "command")}
+    res = row.get("result") or {}
+    for name in CHAT_METRICS:
+        rec[name] = res.get(name)
+    rec["cache_mode"] = res.get("cache_mode", rec.get("cache_mode"))
+    rec["peak_rss_mb_reported"] = res.get("peak_rss_mb")  # the chat's own ru_maxrss figure
+    rec["generated_digest"] = res.get("generated_digest")
+    plan = (res.get("settings") or {}).get("plan") or {}
+    for src, dst in (
+        ("ram_budget_bytes", "plan_budget_mb"),
+        ("compute_bytes", "compute_mb"),
+        ("kv_bytes", "kv_mb"),
+        ("reserve_bytes", "plan_reserve_mb"),
+        ("arena_bytes", "arena_mb"),
+        ("rss_bytes", "plan_rss_mb"),
+    ):
+        rec[dst] = plan[src] / MB if src in plan else None
+    return rec
+
+
+def runs_frame(rows: Iterable[dict]):
+    import pandas as pd
+
+    return pd.DataFrame([run_record(r) for r in rows])
+
+
+def spread(values: Sequence[float]) -> dict:
+    """median, min, max and (max - min) / median of the finite values (NaN when none)."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        nan = float("nan")
+        return {"median": nan, "min": nan, "max": nan, "spread": nan, "n": 0}
+    med = statistics.median(v)
+    rel = (max(v) - min(v)) / abs(med) if med else float("nan")
+    return {"median": med, "min": min(v), "max": max(v), "spread": rel, "n": len(v)}
+
+
+def summarize(records, by: Sequence[str], metrics: Sequence[str], spread_of: Sequence[str] = ()):
+    """One row per configuration (grouped by the `by` columns, in first-seen order): runs, ok
+    runs, runs sdq refused (its one-line error, e.g. PlanError), crashes (died: MemoryError,
+    killed by the limit, timeout ...), the first error, the median of each metric over ok
+    runs, and min / max / spread columns for the metrics in `spread_of`."""
+    import pandas as pd
+
+    df = records if isinstance(records, pd.DataFrame) else pd.DataFrame(list(records))
+    out = []
+    for keys, g in df.groupby(list(by), sort=False, dropna=False):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        row = dict(zip(by, keys, strict=True))
+        ok = g[g["status"] == "ok"]
+        row["runs"] = len(g)
+        row["ok"] = len(ok)
+        bad = g[g["status"] != "ok"]
+        row["refused"] = int((g["status"] == "refused").sum())
+        row["crashed"] = len(bad) - row["refused"]
+        row["error"] = (
+            f"{bad['error_kind'].iloc[0]}: {bad['error'].iloc[0]}" if len(bad) else ""
+        ).strip(": ")
+        for m in metrics:
+            s = spread(ok[m].tolist() if m in ok else [])
+            row[m] = s["median"]
+            if m in spread_of:
+                row[f"{m} min"] = s["min"]
+                row[f"{m} max"] = s["max"]
+                row[f"{m} spread"] = s["spread"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "other", "total")
+
+
+def profile_frame(rows: Iterable[dict]):
+    """Long table: label, repeat, phase, category, ms per token (ok runs with a profile)."""
+    import pandas as pd
+
+    recs = []
+    for r in rows:
+        prof = (r.get("result") or {}).get("profile_ms_per_token") or {}
+        for phase, cats in prof.items():
+            for cat, ms in cats.items():
+                recs.append(
+                    {
+                        "label": r["label"],
+                        "repeat": r["repeat"],
+                        "phase": phase,
+                        "category": cat,
+                        "ms_per_token": ms,
+                    }
+                )
+    return pd.DataFrame(recs, columns=["label", "repeat", "phase", "category", "ms_per_token"])
+
+
+IO_METRICS = (
+    "decode_tok_s",
+    "hit_rate",
+    "ssd_mb_per_token",
+    "expert_io_ms_per_token",
+    "expert_compute_ms_per_token",
+    "total_ms_per_token",
+    "ttft_ms",
+    "peak_rss_mb",
+    "swap_mb",
+    "slots",
+)
+MEMORY_METRICS = (
+    "slots",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "hit_rate",
+    "peak_rss_mb",
+    "peak_anon_mb",
+    "peak_data_mb",
+)
+SUITE_COLUMNS = {
+    "io": (["label", "io_mode", "io_threads", "split"], IO_METRICS),
+    "threads": (["label", "io_mode", "io_threads", "split"], IO_METRICS),
+    "split": (["label", "io_mode", "io_threads", "split"], IO_METRICS),
+    "profile": (["label", "io_mode", "io_threads"], IO_METRICS),
+    "memory": (
+        ["label", "sizing", "ubatch", "compute_buffer_mb", "budget_mb", "limit_method"],
+        MEMORY_METRICS,
+    ),
+    "reserve": (["label", "sizing", "reserve_mb", "budget_mb", "limit_method"], MEMORY_METRICS),
+}
+
+
+def layer_miss_frame(rows: Iterable[dict]):
+    """One row per benchmark configuration and run (ok runs)."""
+    import pandas as pd
+
+    recs = []
+    for r in rows:
+        for b in (r.get("result") or {}).get("rows", []):
+            recs.append({"repeat": r["repeat"], **b})
+    return pd.DataFrame(recs)
+
+
+def suite_table(suite: str, rows: Sequence[dict]):
+    """The suite's summary: medians over repeats (and their spread) per configuration."""
+    if suite == "layer-miss":
+        lm = layer_miss_frame(rows)
+        if lm.empty:
+            return lm
+        g = lm.groupby(["label", "mode", "split", "io_threads", "cache_mode"], sort=False)
+        return g.agg(
+            median_ms=("median_ms", "median"),
+            min_ms=("min_ms", "min"),
+            max_ms=("max_ms", "max"),
+            gb_s=("gb_s", "median"),
+            resident_before=("resident_before", "max"),
+        ).reset_index()
+    by, metrics = SUITE_COLUMNS[suite]
+    spread_of = ("decode_tok_s", "expert_io_ms_per_token", "prefill_tok_s")
+    return summarize(runs_frame(rows), by, metrics, [m for m in spread_of if m in metrics])

@@ -1,0 +1,253 @@
+"""sdq.experiments: alternating schedule, resumable journal (kill -9 included), medians and
+spread, crash rows, settings and configuration keys."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sdq.errors import ParamsError
+from sdq.experiments import execute
+from sdq.experiments.config import RunConfig
+from sdq.experiments.journal import Journal
+from sdq.experiments.runner import run_sweep, schedule
+from sdq.experiments.suites import Settings
+from sdq.experiments.summary import spread, summarize
+from sdq.limits import MemoryLimit
+
+MB = 1 << 20
+
+
+def _configs(model, labels=("A", "B", "C")):
+    return [
+        RunConfig("t", lab, ("chat", "-m", str(model), "--x", lab), str(model)) for lab in labels
+    ]
+
+
+def _fake_execute(calls):
+    def run(config, repeat, **kw):
+        calls.append((config.label, repeat))
+        return {"key": config.key, "repeat": repeat, "label": config.label, "status": "ok"}
+
+    return run
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    return path
+
+
+def test_schedule_alternates_configurations_within_each_repeat(model):
+    a, b, c = _configs(model)
+    order = [(r, cfg.label) for r, cfg in schedule([a, b, c], 3)]
+    assert order == [(r, lab) for r in range(3) for lab in "ABC"]
+
+
+def test_sweep_runs_in_schedule_order_and_journals_every_run(model, tmp_path):
+    calls = []
+    journal = Journal(tmp_path / "s.jsonl")
+    rows = run_sweep(_configs(model), 2, journal, progress=False, execute=_fake_execute(calls))
+    assert calls == [("A", 0), ("B", 0), ("C", 0), ("A", 1), ("B", 1), ("C", 1)]
+    assert [(r["label"], r["repeat"]) for r in rows] == calls
+    assert len(journal.read()) == 6
+
+
+def test_rerun_skips_what_the_journal_holds(model, tmp_path):
+    configs = _configs(model)
+    journal = Journal(tmp_path / "s.jsonl")
+    # a journal left by an interrupted sweep: A0, B0, C0, A1 finished
+    for r, cfg in schedule(configs, 2)[:4]:
+        journal.append({"key": cfg.key, "repeat": r, "label": cfg.label, "status": "ok"})
+    calls = []
+    rows = run_sweep(configs, 2, journal, progress=False, execute=_fake_execute(calls))
+    assert calls == [("B", 1), ("C", 1)]
+    keys = [(r["key"], r["repeat"]) for r in journal.read()]
+    assert len(keys) == len(set(keys)) == 6
+    assert len(rows) == 6
+    calls.clear()
+    run_sweep(configs, 2, journal, progress=False, execute=_fake_execute(calls))
+    assert calls == []  # nothing left to do
+    run_sweep(configs, 3, journal, progress=False, execute=_fake_execute(calls))
+    assert calls == [("A", 2), ("B", 2), ("C", 2)]  # a larger --repeat adds only new repeats
+
+
+def test_a_changed_setting_is_a_new_configuration(model):
+    a = RunConfig("t", "A", ("chat", "-m", str(model), "-n", "8"), str(model))
+    same = RunConfig("t", "A", ("chat", "-m", str(model), "-n", "8"), str(model))
+    other = RunConfig("t", "A", ("chat", "-m", str(model), "-n", "16"), str(model))
+    limited = RunConfig("t", "A", a.args, str(model), MemoryLimit.mb("rlimit_data", 512), "dropped")
+    assert a.key == same.key
+    assert len({a.key, other.key, limited.key}) == 3
+    assert a.key.startswith("A|")
+
+
+def test_a_line_cut_by_a_kill_is_ignored_and_the_next_row_starts_a_new_line(tmp_path):
+    j = Journal(tmp_path / "j.jsonl")
+    j.append({"key": "A|1", "repeat": 0})
+    with open(j.path, "ab") as f:
+        f.write(b'{"key": "B|2", "rep')  # killed mid-write
+    assert [r["key"] for r in j.read()] == ["A|1"]
+    assert j.skipped_lines == 1
+    j.append({"key": "B|2", "repeat": 0})
+    assert j.done() == {("A|1", 0), ("B|2", 0)}
+
+
+SWEEP_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from sdq.experiments.config import RunConfig
+    from sdq.experiments.journal import Journal
+    from sdq.experiments.runner import run_sweep
+
+    model, journal = sys.argv[1], sys.argv[2]
+    configs = [RunConfig("t", lab, ("chat", "-m", model, "--x", lab), model) for lab in "AB"]
+
+    def slow(config, repeat, **kw):
+        time.sleep(0.4)
+        return {"key": config.key, "repeat": repeat, "label": config.label, "status": "ok"}
+
+    run_sweep(configs, 4, Journal(journal), progress=False, execute=slow)
+    """
+)
+
+
+def test_kill_9_mid_sweep_loses_only_the_run_in_flight(model, tmp_path):
+    path = tmp_path / "sweep.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", SWEEP_CHILD, str(model), str(path)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if path.exists() and len(Journal(path).read()) >= 3:
+                break
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    finished = Journal(path).read()
+    assert 3 <= len(finished) < 8  # killed mid-way
+    calls = []
+    configs = _configs(model, "AB")
+    rows = run_sweep(configs, 4, Journal(path), progress=False, execute=_fake_execute(calls))
+    assert len(calls) == 8 - len(finished)  # only what had not finished
+    assert not set(calls) & {(r["label"], r["repeat"]) for r in finished}
+    keys = [(r["key"], r["repeat"]) for r in Journal(path).read()]
+    assert len(keys) == len(set(keys)) == 8
+    assert [(r["label"], r["repeat"]) for r in rows] == [(lab, r) for r in range(4) for lab in "AB"]
+
+
+def test_spread_is_median_min_max_and_relative_width():
+    s = spread([3.0, 1.0, 10.0, 2.0])
+    assert s == {"median": 2.5, "min": 1.0, "max": 10.0, "spread": pytest.approx(9 / 2.5), "n": 4}
+    s = spread([4.0, None, float("nan"), 6.0, 5.0])
+    assert (s["median"], s["n"], s["spread"]) == (5.0, 3, pytest.approx(0.4))
+    empty = spread([])
+    assert empty["n"] == 0 and math.isnan(empty["median"])
+
+
+def test_summary_counts_crashes_and_takes_medians_of_ok_runs_only():
+    runs = [
+        {"label": "A", "status": "ok", "error_kind": "", "error": "", "x": 1.0},
+        {"label": "A", "status": "ok", "error_kind": "", "error": "", "x": 3.0},
+        {"label": "A", "status": "ok", "error_kind": "", "error": "", "x": 2.0},
+        {"label": "B", "status": "crashed", "error_kind": "MemoryError", "error": "m", "x": None},
+        {"label": "B", "status": "ok", "error_kind": "", "error": "", "x": 7.0},
+        {"label": "C", "status": "refused", "error_kind": "PlanError", "error": "p", "x": None},
+    ]
+    t = summarize(runs, ["label"], ["x"], ["x"]).set_index("label")
+    assert t.loc["A", "x"] == 2.0 and t.loc["A", "x min"] == 1.0 and t.loc["A", "x max"] == 3.0
+    assert t.loc["A", "x spread"] == pytest.approx(1.0)
+    assert (t.loc["B", "runs"], t.loc["B", "ok"], t.loc["B", "crashed"]) == (2, 1, 1)
+    assert t.loc["B", "x"] == 7.0 and t.loc["B", "error"] == "MemoryError: m"
+    assert (t.loc["C", "refused"], t.loc["C", "crashed"]) == (1, 0)
+    assert math.isnan(t.loc["C", "x"])
+    assert list(t.index) == ["A", "B", "C"]  # first-seen order, as scheduled
+
+
+@pytest.mark.parametrize(
+    "rc, stderr, timed_out, ooms, expected",
+    [
+        (0, "", False, 0, ("ok", "")),
+        (-9, "", False, 1, ("crashed", "killed by the limit")),
+        (-9, "", False, 0, ("crashed", "signal")),
+        (
+            1,
+            "Traceback ...\nMemoryError: Unable to allocate 1 GiB",
+            False,
+            0,
+            ("crashed", "MemoryError"),
+        ),
+        (1, "OSError: [Errno 12] Cannot allocate memory", False, 0, ("crashed", "out of memory")),
+        (
+            2,
+            "sdq chat: error: RAM budget 300 MB holds 0 expert slots",
+            False,
+            0,
+            ("refused", "PlanError"),
+        ),
+        (3, "boom", False, 0, ("crashed", "exit status")),
+        (-9, "", True, 0, ("timeout", "timeout")),
+    ],
+)
+def test_classify_names_how_a_run_ended(rc, stderr, timed_out, ooms, expected):
+    status, kind, error = execute.classify(rc, stderr, timed_out, ooms, {} if rc == 0 else None)
+    assert (status, kind) == expected
+    assert "\n" not in error
+
+
+def test_a_run_past_rlimit_data_is_a_recorded_row_not_a_failed_sweep(tiny_model, tmp_path):
+    args = ("chat", "-m", str(tiny_model), "-p", "hello", "-n", "2", "--json")
+    crash = RunConfig("memory", "tight", args, str(tiny_model), MemoryLimit.mb("rlimit_data", 120))
+    journal = Journal(tmp_path / "memory.jsonl")
+    (row,) = run_sweep([crash], 1, journal, progress=False, timeout_s=120)
+    assert row["status"] == "crashed"
+    assert row["error_kind"] in ("MemoryError", "out of memory", "exit status", "signal")
+    assert row["error"] and "\n" not in row["error"]
+    assert row["limit_method"] == "rlimit_data" and row["limit_mb"] == 120
+    assert row["file_cache"] == "dropped" and row["cached_before"] < 0.05
+    assert row["result"] is None and row["peak_data_mb"] is not None
+    assert journal.read()[0]["key"] == crash.key
+
+
+def test_settings_from_params_section():
+    s = Settings.from_mapping({"io_threads": [2, 4], "n_predict": 8, "reserve_mb": 32})
+    assert s.io_threads == (2, 4) and s.n_predict == 8 and s.reserve_mb == 32.0
+    with pytest.raises(ParamsError, match="unknown key 'threds'"):
+        Settings.from_mapping({"threds": 2})
+    with pytest.raises(ParamsError, match="io_threads must be a list"):
+        Settings.from_mapping({"io_threads": 4})
+    with pytest.raises(ParamsError, match="limit"):
+        Settings.from_mapping({"limit": "ulimit"})
+    assert Settings.from_mapping({"params_name": "x"}, strict=False) == Settings()
+
+
+def test_cli_refuses_an_unknown_model(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "sdq", "experiments", "--suite", "io", "--model", "nope.gguf"]
+        + ["--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        "sdq experiments: error: --model nope.gguf: no such file and not a synthetic preset"
+    )
+
+
+def test_journal_rows_are_plain_json(tmp_path):
+    import numpy as np
+
+    j = Journal(tmp_path / "j.jsonl")
+    j.append({"key": "A|1", "repeat": 0, "v": np.float32(1.5), "n": np.int64(3)})
+    line = (tmp_path / "j.jsonl").read_text().strip()
+    assert json.loads(line) == {"key": "A|1", "repeat": 0, "v": 1.5, "n": 3}
