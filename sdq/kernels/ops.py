@@ -32,8 +32,8 @@ def _rms_norm(x, w, eps, out):  # x, out [N, D]; w [D]
     for n in range(N):
         ss = 0.0  # float64 accumulator, as ggml
         for i in range(D):
-            v = np.float64(x[n, i])
-            ss += v * v
+            v = x[n, i]
+            ss += np.float64(v * v)  # the square rounded to float32 first, as ggml does
         mean = np.float32(ss / D)
         scale = np.float32(1.0) / np.float32(math.sqrt(mean + np.float32(eps)))
         for i in range(D):
