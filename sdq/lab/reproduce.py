@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import shutil
 import sys
@@ -41,12 +40,9 @@ class NotebookResult:
 
 def build_model(model: ModelParams) -> Path:
     """The run's synthetic model (built once; sdq.synth caches it by content hash)."""
-    try:
-        from sdq.synth import build_model as synth_build
-    except ImportError as exc:
-        raise LabError(f"cannot build the model: sdq.synth is not available ({exc})") from None
-    kwargs = {"progress": True} if "progress" in inspect.signature(synth_build).parameters else {}
-    return Path(synth_build(model.preset, qtype=model.qtype, seed=model.seed, **kwargs))
+    from sdq.synth import build_model as synth_build
+
+    return Path(synth_build(model.preset, qtype=model.qtype, seed=model.seed, progress=True))
 
 
 def select(params: Params, root: Path, only: list[str] | None) -> list[Path]:
