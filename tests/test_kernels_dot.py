@@ -120,6 +120,9 @@ def test_errors():
         matvec(np.zeros(110, np.uint8), QT.Q3_K, 1, 256, x, np.empty(1, np.float32))
     with pytest.raises(ValueError, match="out must be"):
         matvec(np.zeros(144, np.uint8), QT.Q4_K, 1, 256, x, np.empty(2, np.float32))
+    with pytest.raises(ValueError, match="Q4_K weights take Q8_K activations, got Q8_0"):
+        qx = quantize_activation(np.zeros(256, np.float32), QT.Q8_0)
+        matvec_q(np.zeros(144, np.uint8), QT.Q4_K, 1, 256, qx, np.empty(1, np.float32))
     with pytest.raises(ValueError, match="activation length 512 != weight columns 256"):
         qx = quantize_activation(np.zeros(512, np.float32), QT.Q4_K)
         matvec_q(np.zeros(144, np.uint8), QT.Q4_K, 1, 256, qx, np.empty(1, np.float32))

@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import prange
 
-from sdq.kernels.act_quant import QActivation, quantize_activation
+from sdq.kernels.act_quant import ACT_TYPE, QActivation, quantize_activation
 from sdq.kernels.jit import FLOAT_MATH, inline, kernel
 from sdq.kernels.quant import QK_K, as_bytes, dequantize, f16_at, kscale_min, qtype_of
 from sdq.kernels.simd import (
@@ -457,6 +457,10 @@ def matmul_q(
     qt = qtype_of(qtype)
     if qx.cols != cols:
         raise ValueError(f"activation length {qx.cols} != weight columns {cols}")
+    if qx.qtype is not ACT_TYPE[qt]:
+        raise ValueError(
+            f"{qt.name} weights take {ACT_TYPE[qt].name} activations, got {qx.qtype.name}"
+        )
     flat = as_bytes(raw, qt, rows, cols)
     out2 = out.reshape(qx.T, rows) if out.ndim == 1 else out
     _check_out(out2, qx.T, rows)
