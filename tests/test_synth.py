@@ -177,12 +177,18 @@ def test_routing_is_token_dependent_skewed_and_reused(qwen2_test_vectors):
 # --- building and the cache ----------------------------------------------------------------
 
 
-def test_same_seed_same_bytes_other_seed_other_bytes(private_cache, tmp_path):
+def test_same_seed_same_bytes_other_seed_other_bytes(private_cache, llama_cpp):
     a = build_model(SMALL, "F16", seed=3)
     digest = _sha(a)
     a.unlink()
     assert _sha(build_model(SMALL, "F16", seed=3)) == digest
     assert _sha(build_model(SMALL, "F16", seed=4)) != digest
+    # llama.cpp's quantizer is deterministic too: from the cached F16 or from a fresh source
+    q = build_model(SMALL, "Q8_0", seed=3)
+    digest = _sha(q)
+    q.unlink()
+    synth.model_path(SMALL, "F16", 3).unlink()
+    assert _sha(build_model(SMALL, "Q8_0", seed=3)) == digest
 
 
 def test_finished_file_is_reused_and_stale_temps_are_ignored(private_cache, monkeypatch):
