@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sdq.errors import ReadError, SdqError, UnsupportedError
-from sdq.kernels import dequantize
+from sdq.kernels import dequantize, ops
 from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
 from sdq.kernels.dot import matmul_q
 from sdq.workspace import Workspace
@@ -285,8 +285,6 @@ class Engine:
         self.route_log = None  # sdq.pager.RouteLog: one JSON line per token and layer
         self.phase = "prefill"
         self.n_past = 0
-        Dh = spec.head_dim
-        self._rope_step = np.float32(spec.rope_base) ** np.float32(-2.0 / Dh)
 
     def reset(self) -> None:
         self.n_past = 0
@@ -315,7 +313,7 @@ class Engine:
         x = ws.x[:T]  # [T, D]
         x[:] = w.token_embd.rows_of(tokens)
         positions = np.arange(self.n_past, self.n_past + T, dtype=np.float32)
-        self._rope = _rope_tables(positions, self._rope_step, self.spec.head_dim // 2)
+        self._rope = ops.rope_tables(positions, self.spec.rope_base, self.spec.head_dim)
         self.timers.add("other", time.perf_counter() - t0)
 
         for il, lw in enumerate(w.layers):
@@ -328,11 +326,11 @@ class Engine:
         if logits == "none":
             out = None
         elif logits == "last":
-            _rms_norm(x[T - 1 : T], w.output_norm, self.spec.rms_eps, xn[:1])
+            ops.rms_norm(x[T - 1 : T], w.output_norm, self.spec.rms_eps, xn[:1])
             w.output.mul(Activations(xn[:1]), ws.logits.reshape(1, -1))
             out = ws.logits
         else:
-            _rms_norm(x, w.output_norm, self.spec.rms_eps, xn)
+            ops.rms_norm(x, w.output_norm, self.spec.rms_eps, xn)
             out = np.empty((T, self.spec.n_vocab), np.float32)
             w.output.mul(Activations(xn), out)
         self.timers.add("other", time.perf_counter() - t0)
@@ -345,22 +343,24 @@ class Engine:
         p0 = self.n_past
         x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
         q, k, v = ws.q[:T], ws.k[:T], ws.v[:T]  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
-        _rms_norm(x, lw.attn_norm, eps, xn)
+        ops.rms_norm(x, lw.attn_norm, eps, xn)
         acts = Activations(xn)
         lw.wq.mul(acts, q)
         lw.wk.mul(acts, k)
         lw.wv.mul(acts, v)
         q3 = q.reshape(T, H, Dh)
         k3 = k.reshape(T, Hkv, Dh)
-        _rms_norm(q3, lw.q_norm, eps, q3)
-        _rms_norm(k3, lw.k_norm, eps, k3)
+        ops.rms_norm(q3, lw.q_norm, eps, q3)
+        ops.rms_norm(k3, lw.k_norm, eps, k3)
         cos, sin = self._rope  # [T, Dh/2] each, for this ubatch's positions
-        _rope_neox(q3, cos, sin)
-        _rope_neox(k3, cos, sin)
+        ops.rope_neox(q3, cos, sin)
+        ops.rope_neox(k3, cos, sin)
         ws.k_cache[il, p0 : p0 + T] = k
         ws.v_cache[il, p0 : p0 + T] = v
         attn = ws.attn[:T]  # [T, H*Dh]
-        _attention(q3, ws.k_cache[il], ws.v_cache[il], p0, Hkv, ws.scores, attn.reshape(T, H, Dh))
+        ops.attention(
+            q3, ws.k_cache[il], ws.v_cache[il], p0, Hkv, ws.scores, attn.reshape(T, H, Dh)
+        )
         lw.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)
@@ -370,12 +370,12 @@ class Engine:
         s, ws = self.spec, self.ws
         K = s.n_expert_used
         x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
-        _rms_norm(x, lw.ffn_norm, s.rms_eps, xn)
+        ops.rms_norm(x, lw.ffn_norm, s.rms_eps, xn)
         router = ws.router[:T]  # [T, E]
         acts = Activations(xn)
         lw.router.mul(acts, router)
         ids, weights = ws.topk_ids[:T], ws.topk_w[:T]  # [T, K]
-        _softmax_topk(router, K, s.norm_topk_prob, ids, weights)
+        ops.softmax_topk(router, K, s.norm_topk_prob, ids, weights)
         if self.route_log is not None:
             self.route_log.write_batch(self.phase, self.n_past, il, ids, weights)
         union = np.unique(ids)  # [U]
@@ -426,7 +426,7 @@ class Engine:
         g, u, d = ws.ffn_gate[:n], ws.ffn_up[:n], ws.ffn_down[:n]  # [n, F] [n, F] [n, D]
         matmul_q(gate_raw, gq, F, D, acts.of(gq), g)
         matmul_q(up_raw, uq, F, D, acts.of(uq), u)
-        _silu_mul(g, u)
+        ops.silu_mul(g, u)
         matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d)
         d *= w
         ws.ffn_out[rows] += d  # rows are distinct: a token picks an expert at most once
@@ -442,93 +442,3 @@ def _ready_order(handle, n: int) -> list[int]:
     compute overlaps the reads of the misses."""
     order = getattr(handle, "ready_order", None)
     return order() if order is not None else list(range(n))
-
-
-# --- NumPy ops (the Numba versions in sdq.kernels.ops replace these where present) --------
-
-
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
-    """out = x / sqrt(mean(x^2) + eps) * weight over the last axis (may be in place).
-
-    Rounding as ggml: squares in float32 summed in float64, the mean rounded to float32, the
-    scale and both products in float32. The result feeds 8-bit activation quantization, where
-    one ulp can move a value across a rounding boundary, so matching it keeps the two engines'
-    quantized activations identical more often."""
-    sq = np.square(x)  # float32
-    mean = (sq.sum(axis=-1, dtype=np.float64) / x.shape[-1]).astype(np.float32)
-    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))  # float32
-    np.multiply(x, scale[..., None], out=out)
-    out *= weight
-
-
-def _rope_tables(positions: np.ndarray, step: np.float32, half: int):
-    """cos, sin [T, Dh/2] of theta_i = pos * base^(-2i/Dh), with theta multiplied up by `step`
-    one pair at a time in float32, as ggml does (so the rounding matches at long positions)."""
-    theta = np.empty((positions.shape[0], half), np.float32)  # [T, Dh/2]
-    theta[:, 0] = positions
-    for i in range(1, half):
-        np.multiply(theta[:, i - 1], step, out=theta[:, i])
-    return np.cos(theta), np.sin(theta)
-
-
-def _rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
-    """Rotate pairs (i, i + Dh/2) of every head in place. x [T, H, Dh]; cos, sin [T, Dh/2]."""
-    half = x.shape[-1] // 2
-    c, s = cos[:, None, :], sin[:, None, :]
-    x0 = x[..., :half].copy()
-    x1 = x[..., half:]
-    x[..., :half] = x0 * c - x1 * s
-    x[..., half:] = x0 * s + x1 * c
-
-
-def _attention(q, k_cache, v_cache, p0: int, Hkv: int, scores, out) -> None:
-    """Causal GQA attention. q [T, H, Dh]; caches [C, Hkv*Dh] filled up to p0+T; out [T, H, Dh].
-    scores: scratch of at least max(T, H) * (p0 + T) floats."""
-    T, H, Dh = q.shape
-    G = H // Hkv
-    n = p0 + T
-    scale = np.float32(1.0 / np.sqrt(Dh))
-    if T == 1:  # decode: every head at once
-        keys = k_cache[:n].reshape(n, Hkv, Dh).transpose(1, 2, 0)  # [Hkv, Dh, n]
-        vals = v_cache[:n].reshape(n, Hkv, Dh).transpose(1, 0, 2)  # [Hkv, n, Dh]
-        s = scores.reshape(-1)[: H * n].reshape(Hkv, G, n)
-        np.matmul(q[0].reshape(Hkv, G, Dh), keys, out=s)
-        _softmax_rows(s, scale)
-        np.matmul(s, vals, out=out.reshape(Hkv, G, Dh))
-        return
-    s = scores.reshape(-1)[: T * n].reshape(T, n)  # [T, n] one head at a time
-    causal = np.arange(n)[None, :] > (p0 + np.arange(T))[:, None]  # [T, n]
-    for h in range(H):
-        kv = h // G
-        keys = k_cache[:n, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
-        vals = v_cache[:n, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
-        np.dot(q[:, h, :], keys.T, out=s)
-        s[causal] = -np.inf
-        _softmax_rows(s, scale)
-        np.matmul(s, vals, out=out[:, h, :])
-
-
-def _softmax_rows(s: np.ndarray, scale: np.float32) -> None:
-    """s = softmax(scale * s) over the last axis, in place."""
-    s *= scale
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-
-
-def _softmax_topk(logits, K: int, renorm: bool, ids_out, w_out) -> None:
-    """Per row: softmax over E, the K largest (descending), optionally renormalised to sum 1."""
-    z = logits - logits.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=1, keepdims=True)
-    top = np.argsort(-p, axis=1, kind="stable")[:, :K]  # [T, K]
-    ids_out[:] = top
-    w = np.take_along_axis(p, top, axis=1)
-    if renorm:
-        w /= w.sum(axis=1, keepdims=True)
-    w_out[:] = w
-
-
-def _silu_mul(gate: np.ndarray, up: np.ndarray) -> None:
-    """gate = silu(gate) * up, in place."""
-    gate *= up / (1.0 + np.exp(-gate))

@@ -31,7 +31,9 @@ def workspace_layout(spec, n_ctx: int, n_ubatch: int) -> dict[str, tuple[tuple[i
         "k": ((T, Hkv * Dh), np.float32),
         "v": ((T, Hkv * Dh), np.float32),
         "attn": ((T, H * Dh), np.float32),  # attention output before wo
-        "scores": ((max(T, H), C), np.float32),  # prefill: one head's [T, C]; decode: [H, C]
+        # attention scores: an upper bound of the rows sdq.kernels.ops.attention keeps
+        # (one [C] row per head at a time)
+        "scores": ((max(T, H), C), np.float32),
         "router": ((T, E), np.float32),
         "topk_ids": ((T, K), np.int32),
         "topk_w": ((T, K), np.float32),
