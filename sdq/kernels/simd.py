@@ -243,3 +243,21 @@ def round_f16(typingctx, x):
         return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
 
     return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Hint the CPU to fetch arr[off] (byte offset) into cache for reading; no effect on
+    results. Past the end of the array is allowed: a prefetch never faults."""
+    sig = types.void(arr, off)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        ptr = cgutils.pointer_add(builder, e.arrays[0].data, args[1])
+        ptr = builder.bitcast(ptr, ir.PointerType(_i8))
+        fn = e.fn("llvm.prefetch.p0", ir.VoidType(), [ir.PointerType(_i8), _i32, _i32, _i32])
+        # rw = 0 (read), locality = 3 (keep in all cache levels), cache type = 1 (data)
+        builder.call(fn, [ptr, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
