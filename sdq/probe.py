@@ -516,7 +516,8 @@ def recommend(result: ProbeResult, within: float = WITHIN) -> Recommendation:
     top = max(result.levels, key=lambda s: s.mb_s)
     floor = min((1 - within) * top.mb_s, top.mb_s_min)
     chosen = min((s for s in result.levels if s.mb_s >= floor), key=lambda s: s.threads)
-    why = f"{chosen.threads} threads reach {chosen.mb_s:.0f} MB/s"
+    n = chosen.threads
+    why = f"{n} thread{'s' if n != 1 else ''} reach{'es' if n == 1 else ''} {chosen.mb_s:.0f} MB/s"
     if chosen is not top:
         why += (
             f", within {within:.0%} or the run-to-run spread of the best "
