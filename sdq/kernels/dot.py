@@ -3,16 +3,21 @@
 Dimension key: T tokens (1 when decoding), rows/cols of the weight matrix, nb blocks per row.
 
 The activations are first converted as ggml's CPU backend does (see act_quant.py): Q8_K for
-K-quant weights, Q8_0 for Q8_0/Q4_0, F16/BF16/F32 for float weights. Each weight block is
-then unpacked once into small integers already multiplied by their sub-block scale
-(int16, |w| < 2^12) and dotted with the int8 activations of every token: one integer sum
-per block and token, so the inner loops are plain int16 x int8 -> int32 reductions that LLVM
-vectorizes, and a weight block is reused across all T tokens of a prefill ubatch (rows
-outer, tokens inner). The float part per block is ggml's: ``d_w * d_x * isum`` (minus the
-K-quant ``dmin * sum(min_j * bsum_j)`` term).
+K-quant weights, Q8_0 for Q8_0/Q4_0, F16/BF16/F32 for float weights. Then, per weight block
+and token, one exact integer dot product of the block's quants with the token's int8
+quants, and ggml's float step ``d_w * d_x * isum`` (minus the K-quant
+``dmin * sum(min_j * bsum_j)`` term). Rows are the outer loop and tokens the inner one, so a
+prefill ubatch reuses each weight block (from L1) for all its T tokens.
+
+Two implementations of the block dot, chosen per CPU:
+- SIMD (x86 AVX2, simd.py): ggml's method, unsigned x signed byte multiply-adds on weights
+  unpacked in registers, plus software prefetch. Used where the CPU has AVX2.
+- portable: each block unpacked into int16 values already multiplied by their sub-block
+  scale, then plain int16 x int8 -> int32 loops that LLVM vectorizes. The fallback, and the
+  cross-check of the SIMD path in the tests.
 
 Parallelism: rows are split into chunks handed to Numba's threads (``numba.set_num_threads``
-sets how many); kernels release the GIL.
+sets how many; small products stay on the calling thread); kernels release the GIL.
 """
 
 from __future__ import annotations
