@@ -57,6 +57,7 @@ DEFAULT_SPLIT_BATCH = 24  # seed 000 decode: 8 experts x 3 segments submitted at
 DEFAULT_SCRATCH_BYTES = 1 << 30
 CACHE_MODES = ("direct", "dontneed")
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
+DEST_BYTES = 256 << 20  # destination buffers of one batch, at most (see PoolReader)
 WITHIN = 0.05  # "within 5% of the best" and "helps by more than 5%"
 PROFILE_VERSION = 1
 
@@ -326,8 +327,10 @@ def _cached_share(fd: int, offsets: np.ndarray, length: int) -> float:
 class PoolReader:
     """The pager's own C pool (`sdq._io.Pool`): one batch per call, every read its own task.
 
-    Each read has its own page-aligned, pre-touched destination (reads of one batch may run
-    at the same time); `groups` (one per read by default) only label what a caller waits for.
+    Each read has its own page-aligned, pre-touched destination, as the pager's arena slots
+    are, up to DEST_BYTES in all; beyond that, reads share destinations round-robin (never
+    fewer than one per thread; the bytes are discarded, only the timing is kept). `groups`
+    (one per read by default) only label what a caller waits for.
     Timestamps are the pool's (CLOCK_MONOTONIC, as `time.perf_counter_ns` on Linux); in
     `dontneed` mode the pool's end time includes the posix_fadvise after the read.
     """
@@ -341,25 +344,26 @@ class PoolReader:
         self._pool = _io.Pool(threads)
         self._buf: mmap.mmap | None = None
 
-    def _dests(self, n: int) -> int:
-        """Base address of n pre-touched page-aligned destinations of `stride` bytes."""
+    def _dests(self, n: int) -> tuple[int, int]:
+        """(base address, count) of pre-touched page-aligned destinations of `stride` bytes."""
+        n = min(n, max(self.threads, DEST_BYTES // self._stride))
         need = n * self._stride
         if self._buf is None or len(self._buf) < need:
             if self._buf is not None:
                 self._buf.close()
             self._buf = mmap.mmap(-1, need)
             np.frombuffer(self._buf, np.uint8)[::PAGE] = 1  # fault every page in now
-        return ctypes.addressof(ctypes.c_char.from_buffer(self._buf))
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._buf)), n
 
     def read_batch(self, offsets: np.ndarray, lengths: np.ndarray, groups=None):
         n = len(offsets)
-        base = self._dests(n)
+        base, n_dest = self._dests(n)
         table = np.empty((n, 7), np.int64)  # [R, 7]: fd, offset, length, need, dest, task, group
         table[:, 0] = self.fd
         table[:, 1] = offsets
         table[:, 2] = lengths
         table[:, 3] = lengths
-        table[:, 4] = base + np.arange(n, dtype=np.int64) * self._stride
+        table[:, 4] = base + (np.arange(n, dtype=np.int64) % n_dest) * self._stride
         table[:, 5] = np.arange(n)
         table[:, 6] = np.arange(n) if groups is None else groups
         try:

@@ -342,3 +342,22 @@ def test_parse_bytes():
     for bad in ("x", "1.1"):
         with pytest.raises(Exception, match="byte"):
             parse_bytes(bad)
+
+
+def test_pool_reader_destinations_are_capped_and_reads_still_complete(disk_dir, monkeypatch):
+    monkeypatch.setattr(probe, "DEST_BYTES", 4 * 65536)  # 4 destinations of 64 KiB
+    data = disk_dir / "data.bin"
+    data.write_bytes(np.random.default_rng(0).integers(0, 256, 4 << 20, np.uint8).tobytes())
+    fd = os.open(data, os.O_RDONLY | os.O_DIRECT)
+    try:
+        reader = probe.PoolReader(fd, 2, 65536, "direct")
+        try:
+            offsets = np.arange(0, 40 * 65536, 65536, dtype=np.int64)  # [40]
+            lengths = np.full(40, 65536, np.int64)
+            submit, start, end = reader.read_batch(offsets, lengths)
+            assert len(reader._buf) == 4 * 65536
+        finally:
+            reader.close()
+    finally:
+        os.close(fd)
+    assert (start >= submit).all() and (end > start).all()
