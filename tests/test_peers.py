@@ -1,0 +1,166 @@
+"""sdq bench peers: /proc/<pid>/io parsing, run order, medians, the cgroup cap, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sdq import limits
+from sdq.peers import (
+    io_ceiling_tok_s,
+    mark_same_tokens,
+    median_rows,
+    parse_proc_io,
+    private_copy,
+    read_proc_io,
+    run_order,
+)
+
+PROC_IO = """rchar: 323934931
+wchar: 323929600
+syscr: 632687
+syscw: 632675
+read_bytes: 1052672
+write_bytes: 323932160
+cancelled_write_bytes: 0
+"""
+
+
+def test_parse_proc_io():
+    d = parse_proc_io(PROC_IO)
+    assert d["read_bytes"] == 1052672
+    assert d["rchar"] == 323934931
+    assert d["cancelled_write_bytes"] == 0
+    assert len(d) == 7
+    assert parse_proc_io("garbage\nread_bytes: x\n") == {}
+
+
+def test_read_proc_io_counts_device_reads_of_this_process():
+    d = read_proc_io()
+    assert {"read_bytes", "rchar", "write_bytes"} <= d.keys()
+    assert read_proc_io(os.getpid())["rchar"] >= d["rchar"]
+
+
+def test_run_order_alternates_two_and_rotates_three():
+    assert [run_order(["a", "b"], r) for r in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    orders = [run_order(["a", "b", "c"], r) for r in range(3)]
+    for position in range(3):  # every system takes every position once
+        assert sorted(o[position] for o in orders) == ["a", "b", "c"]
+
+
+def test_median_rows_uses_successful_runs_only():
+    rows = [
+        {"system": "sdq", "cap_mb": 900, "status": "ok", "decode_tok_s": 3.0, "n": 1},
+        {"system": "sdq", "cap_mb": 900, "status": "ok", "decode_tok_s": 1.0, "n": 1},
+        {"system": "sdq", "cap_mb": 900, "status": "ok", "decode_tok_s": 2.5, "n": 1},
+        {"system": "sdq", "cap_mb": 900, "status": "killed", "decode_tok_s": 99.0},
+        {"system": "llama-mmap", "cap_mb": 900, "status": "killed"},
+    ]
+    med = {m["system"]: m for m in median_rows(rows, ("system", "cap_mb"))}
+    assert med["sdq"]["decode_tok_s"] == 2.5
+    assert (med["sdq"]["runs"], med["sdq"]["ok_runs"], med["sdq"]["status"]) == (4, 3, "ok")
+    assert med["llama-mmap"]["status"] == "killed" and med["llama-mmap"]["ok_runs"] == 0
+    assert "decode_tok_s" not in med["llama-mmap"]
+
+
+def test_same_tokens_against_the_first_llama_run():
+    rows = [
+        {"system": "sdq", "status": "ok", "generated_ids": [1, 2, 3]},
+        {"system": "llama", "status": "ok", "generated_ids": [1, 2, 3]},
+        {"system": "sdq", "status": "ok", "generated_ids": [1, 2, 4]},
+        {"system": "sdq", "status": "killed"},
+    ]
+    mark_same_tokens(rows)
+    assert [r.get("same_tokens") for r in rows] == [1, 1, 0, None]
+
+
+def test_io_ceiling():
+    assert io_ceiling_tok_s(100.0, 1000.0) == pytest.approx(10.0)
+    assert io_ceiling_tok_s(0.0, 1000.0) is None  # nothing read: no I/O bound
+    assert io_ceiling_tok_s(100.0, None) is None
+
+
+def test_private_copy_is_cold_and_removed(tmp_path):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(os.urandom(1 << 20))
+    with private_copy(src) as copy:
+        assert copy != src and copy.read_bytes() == src.read_bytes()
+        limits.drop_file_cache(copy)
+        assert limits.file_resident_fraction(copy) < 0.5
+    assert not copy.exists()
+
+
+CGROUP_OK, CGROUP_WHY = limits.cgroup_status()
+
+
+@pytest.mark.skipif(not CGROUP_OK, reason=f"cgroup v1 memory not writable here: {CGROUP_WHY}")
+def test_cgroup_limits_a_child_and_is_removed():
+    cap = 64 * 1_000_000
+    hog = "b = bytearray(200 * 1000 * 1000); b[::4096] = b'x' * len(b[::4096])"
+    with limits.MemoryCgroup(cap) as cg:
+        assert int((cg.path / "memory.limit_in_bytes").read_text()) <= cap
+        p = subprocess.run([sys.executable, "-c", hog], preexec_fn=cg.preexec, check=False)
+        assert p.returncode == -9  # the OOM killer, not a Python error
+        assert cg.oom_kills() >= 1 or cg.failcnt() >= 1
+        assert cg.peak_bytes() <= cap + 4096
+        path = cg.path
+    assert not path.exists()
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sdq", "bench", "peers", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_cli_bad_cap_is_one_line_error(tiny_model):
+    p = _cli(str(tiny_model), "--ram-cap-mb", "lots", "--tokens", "3", "--repeat", "1")
+    assert p.returncode == 2
+    assert "error: --ram-cap-mb 'lots'" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_cli_tiny_model_resident_and_capped(tiny_model):
+    p = _cli(
+        str(tiny_model),
+        "--ram-cap-mb",
+        "700",
+        "--tokens",
+        "3",
+        "--repeat",
+        "1",
+        "--systems",
+        "sdq,llama-mmap",
+        "--json",
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads(p.stdout)
+    runs = {(r["mode"], r["system"]): r for r in d["runs"]}
+    assert set(runs) == {
+        ("resident", "sdq"),
+        ("resident", "llama"),
+        ("capped", "sdq"),
+        ("capped", "llama-mmap"),
+    }
+    for key, r in runs.items():
+        assert r["status"] == "ok", (key, r["status"])
+        assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+        assert r["n_decode"] == 2
+        assert r["same_tokens"] == 1  # the same greedy tokens from both engines
+    if d["limit_method"] == "cgroup":
+        capped = runs[("capped", "llama-mmap")]
+        assert capped["cache"] == "cold" and capped["cached_share_before"] < 0.05
+        assert 0 < capped["cgroup_peak_mb"] <= 700
+        assert capped["load_device_mb"] + capped["prefill_device_mb"] > 0  # read from the device
+    ratios = {(q["mode"], q["vs"]): q for q in d["ratios"]}
+    resident = (
+        runs[("resident", "sdq")]["decode_tok_s"] / runs[("resident", "llama")]["decode_tok_s"]
+    )
+    assert ratios[("resident", "llama")]["decode_ratio"] == pytest.approx(resident)
