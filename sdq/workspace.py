@@ -1,8 +1,14 @@
-"""Every buffer the forward pass allocates, by name, shape and dtype — counted before allocation.
+"""Every buffer the forward pass holds, by name, shape and dtype — counted before allocation.
 
 The memory plan (sdq.memory) sums `workspace_layout` to size the arena; the engine allocates
 exactly these arrays through `Workspace`. Nothing the engine holds per run lives outside this
 table (apart from the resident dense weights, which the plan counts from the GGUF).
+
+Short-lived arrays made inside one op are not listed: a layer input converted to 8-bit blocks
+(T x D bytes plus scales), the embedding rows of a ubatch and the RoPE tables ([T, D] and
+[T, Dh/2] floats), row indices of the tokens routed to one expert. Together they stay below a
+few T x max(D, F) floats (about 1 MB at T 128, D 2048) and come and go within one layer: the
+plan's reserve covers them.
 
 Dimension key: L layers, C context length, T ubatch tokens, D n_embd, H heads, Hkv KV heads,
 Dh head dim, E experts, K experts used, F expert FFN size, V vocabulary.
