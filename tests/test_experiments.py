@@ -180,6 +180,7 @@ def test_summary_counts_crashes_and_takes_medians_of_ok_runs_only():
         (0, "", False, 0, ("ok", "")),
         (-9, "", False, 1, ("crashed", "killed by the limit")),
         (-9, "", False, 0, ("crashed", "signal")),
+        (-6, "what():  std::bad_alloc", False, 0, ("crashed", "std::bad_alloc")),
         (
             1,
             "Traceback ...\nMemoryError: Unable to allocate 1 GiB",
@@ -226,8 +227,8 @@ def test_settings_from_params_section():
         Settings.from_mapping({"threds": 2})
     with pytest.raises(ParamsError, match="io_threads must be a list"):
         Settings.from_mapping({"io_threads": 4})
-    with pytest.raises(ParamsError, match="limit"):
-        Settings.from_mapping({"limit": "ulimit"})
+    with pytest.raises(ParamsError, match="limits"):
+        Settings.from_mapping({"limits": ["ulimit"]})
     assert Settings.from_mapping({"params_name": "x"}, strict=False) == Settings()
 
 

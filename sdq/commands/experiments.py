@@ -115,7 +115,8 @@ def _settings(args, kind: str):
     if args.repeat is not None:
         changes["repeat"] = args.repeat
     if args.limit:
-        changes["limit"] = args.limit
+        changes["limits"] = (args.limit,)
+        changes["reserve_limit"] = args.limit
     if args.cache_mode:
         changes["cache_mode"] = args.cache_mode
     if args.file_cache:

@@ -182,6 +182,8 @@ def classify(
         sig = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         if oom_kills:
             return "crashed", "killed by the limit", f"{sig} from the cgroup OOM killer"
+        if "bad_alloc" in stderr:  # a C++ allocation failed (llvmlite, inside numba)
+            return "crashed", "std::bad_alloc", f"{sig}: {last}"
         return "crashed", "signal", f"killed by {sig}" + (f": {last}" if last else "")
     if rc == 2 and last.startswith("sdq ") and ": error: " in last:
         # sdq refused the settings with its one-line error (a PlanError: budget too small)

@@ -59,6 +59,7 @@ class Settings:
     reserve_mb: float = 64.0  # the plan's head room in the I/O suites (and the budget's)
     cache_mode: str = "dontneed"  # how the pager reads (`sdq chat --cache-mode`)
     file_cache: str = "dropped"  # the model file's pages before each run: dropped or warm
+    profile_all: bool = True  # every I/O-suite chat also reports its op profile (--profile)
     # io, threads (T4)
     serial_io_threads: int = 8
     ab_io_threads: int = 8
@@ -73,7 +74,8 @@ class Settings:
     # profile (T11)
     profile_io_modes: tuple[str, ...] = ("serial", "parallel")
     # memory (T9) and reserve (T10)
-    limit: str = "rlimit_data"  # RAM limit of memory and reserve runs (none, rlimit_data, cgroup)
+    limits: tuple[str, ...] = ("rlimit_data",)  # RAM limit methods of memory runs (each a row)
+    reserve_limit: str = "rlimit_data"  # RAM limit method of reserve runs
     sizings: tuple[str, ...] = SIZINGS
     memory_ctx: int = 4096  # context of memory and reserve runs (the seed's)
     ubatches: tuple[int, ...] = (32, 128, 512, 2048)
@@ -110,7 +112,8 @@ class Settings:
         checks = (
             (self.cache_mode in CACHE_MODES, f"cache_mode {self.cache_mode!r}"),
             (self.file_cache in FILE_CACHE, f"file_cache {self.file_cache!r}"),
-            (self.limit in METHODS, f"limit {self.limit!r}: expected one of {METHODS}"),
+            (set(self.limits) <= set(METHODS), f"limits {self.limits}: expected {METHODS}"),
+            (self.reserve_limit in METHODS, f"reserve_limit {self.reserve_limit!r}: {METHODS}"),
             (set(self.sizings) <= set(SIZINGS), f"sizings {self.sizings}: plan, seed"),
             (0 < self.arena_fraction <= 1, f"arena_fraction {self.arena_fraction}: in (0, 1]"),
             (self.repeat >= 1, f"repeat {self.repeat}: >= 1"),
@@ -294,6 +297,8 @@ class SuiteBuilder:
             s.cache_mode,
             *extra,
         ]
+        if s.profile_all and "--profile" not in args:
+            args.append("--profile")
         return RunConfig(
             suite,
             label,
@@ -383,7 +388,9 @@ class SuiteBuilder:
         slots = target_slots(self.cal, s)
         return budget_mb(self.m, self.cal, s, slots, s.reserve_mb, 3 * s.threads, s.memory_ctx)
 
-    def _memory_config(self, suite, label, sizing, ubatch, reserve_mb, budget, n_predict, prompt):
+    def _memory_config(
+        self, suite, label, sizing, ubatch, reserve_mb, budget, n_predict, prompt, method
+    ):
         s = self.s
         kv, compute = workspace_mb(self.m, s.memory_ctx, ubatch)
         plan_reserve = reserve_mb if sizing == "plan" else reserve_mb - kv - compute
@@ -395,7 +402,7 @@ class SuiteBuilder:
             "--cache-mode",
             s.cache_mode,
         ]
-        limit = MemoryLimit.mb(s.limit, budget if s.limit != "none" else None)
+        limit = MemoryLimit.mb(method, budget if method != "none" else None)
         return RunConfig(
             suite,
             label,
@@ -417,28 +424,42 @@ class SuiteBuilder:
         s = self.s
         budget = self.memory_budget_mb()
         prompt = " ".join([s.prompt] * s.long_prompt_repeat)
-        return [
-            self._memory_config(
-                "memory",
-                f"{sizing} ub{ub}",
-                sizing,
-                ub,
-                s.reserve_mb,
-                budget,
-                s.memory_n_predict,
-                prompt,
-            )
-            for sizing in s.sizings
-            for ub in s.ubatches
-            if ub <= s.memory_ctx
-        ]
+        out = []
+        for method in s.limits:
+            tag = f" {method}" if len(s.limits) > 1 else ""
+            for sizing in s.sizings:
+                for ub in s.ubatches:
+                    if ub > s.memory_ctx:
+                        continue
+                    out.append(
+                        self._memory_config(
+                            "memory",
+                            f"{sizing} ub{ub}{tag}",
+                            sizing,
+                            ub,
+                            s.reserve_mb,
+                            budget,
+                            s.memory_n_predict,
+                            prompt,
+                            method,
+                        )
+                    )
+        return out
 
     def reserve(self) -> list[RunConfig]:
         s = self.s
         budget = self.memory_budget_mb()
         return [
             self._memory_config(
-                "reserve", f"{sizing} r{r:g}", sizing, s.ubatch, float(r), budget, None, None
+                "reserve",
+                f"{sizing} r{r:g}",
+                sizing,
+                s.ubatch,
+                float(r),
+                budget,
+                None,
+                None,
+                s.reserve_limit,
             )
             for sizing in s.sizings
             for r in s.reserves_mb
