@@ -252,3 +252,26 @@ def test_journal_rows_are_plain_json(tmp_path):
     j.append({"key": "A|1", "repeat": 0, "v": np.float32(1.5), "n": np.int64(3)})
     line = (tmp_path / "j.jsonl").read_text().strip()
     assert json.loads(line) == {"key": "A|1", "repeat": 0, "v": 1.5, "n": 3}
+
+
+def test_cli_takes_suite_settings_from_the_notebook_sections(tmp_path):
+    import argparse
+
+    from sdq.commands import experiments as cmd
+
+    params = tmp_path / "p.yaml"
+    params.write_text(
+        "03_io_ab:\n  n_predict: 6\n  io_threads: [2, 4]\n  split_repeat: 1\n"
+        "04_memory_sweep:\n  ctx: 1024\n  limits: [cgroup]\n  reserves_mb: [0, 32]\n"
+    )
+    p = argparse.ArgumentParser()
+    cmd.add_arguments(p)
+    base = ["--suite", "all", "--model", "m", "--out", str(tmp_path), "--params", str(params)]
+    args = p.parse_args(base)
+    io = cmd._settings(args, "io")
+    assert (io.n_predict, io.io_threads) == (6, (2, 4))
+    mem = cmd._settings(args, "memory")
+    assert (mem.memory_ctx, mem.limits, mem.reserves_mb) == (1024, ("cgroup",), (0, 32))
+    args = p.parse_args([*base, "--limit", "rlimit_data", "--repeat", "5"])
+    mem = cmd._settings(args, "memory")
+    assert (mem.limits, mem.reserve_limit, mem.repeat) == (("rlimit_data",), "rlimit_data", 5)

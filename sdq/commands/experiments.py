@@ -110,6 +110,9 @@ def _settings(args, kind: str):
         section = doc.get(SECTIONS[kind]) or {}
         if not isinstance(section, dict):
             raise ParamsError(f"{args.params}: section {SECTIONS[kind]} must be a mapping")
+        if kind == "memory" and "ctx" in section:  # notebook 04 names it ctx
+            section = {**section, "memory_ctx": section["ctx"]}
+            del section["ctx"]
     s = Settings.from_mapping(section, strict=False)
     changes = {}
     if args.repeat is not None:
