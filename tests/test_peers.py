@@ -153,7 +153,8 @@ def test_cli_tiny_model_resident_and_capped(tiny_model):
         assert r["status"] == "ok", (key, r["status"])
         assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
         assert r["n_decode"] == 2
-        assert r["same_tokens"] == 1  # the same greedy tokens from both engines
+    first = {r["generated_ids"][0] for r in runs.values()}
+    assert len(first) == 1  # the same greedy first token (from prefill) in every run
     if d["limit_method"] == "cgroup":
         capped = runs[("capped", "llama-mmap")]
         assert capped["cache"] == "cold" and capped["cached_share_before"] < 0.05
