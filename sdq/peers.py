@@ -176,6 +176,19 @@ def probe_bandwidth(io_profile: str | os.PathLike) -> tuple[float, str]:
     return bw, f"probe profile {path.name}: best {bw:.0f} MB/s ({mode}, {size} B reads)"
 
 
+def quick_bandwidth(model: str | os.PathLike, threads: int = 4, reads: int = 32):
+    """(MB/s, note): a short O_DIRECT probe of expert-segment reads at one thread count, for
+    when no device-probe profile is at hand."""
+    from sdq.probe import run_probe, settings_for_model
+
+    st = settings_for_model(
+        Path(model), threads=(threads,), reads=reads, small_threads=(), splits=(), repeat=1
+    )
+    res = run_probe(st)
+    bw = res.levels[0].mb_s
+    return bw, f"quick probe: {bw:.0f} MB/s (direct, {st.size} B reads, {threads} threads)"
+
+
 # -- limits and cache ------------------------------------------------------------------------
 
 
