@@ -41,14 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_bytes,
         help="bytes per read (default: the model's largest expert segment, else 1900544 = 1.9 MB)",
     )
-    parser.add_argument("--threads", default="1,2,4,6,8,12,16", help="concurrency levels")
+    parser.add_argument(
+        "--threads", default="1,2,4,6,8,12,16", help="concurrency levels (1,2,4,6,8,12,16)"
+    )
     parser.add_argument("--reads", type=int, default=64, help="reads per level (default 64)")
     parser.add_argument(
         "--cache-mode",
         default="direct",
         help="direct (O_DIRECT, default) or dontneed (posix_fadvise DONTNEED after each read)",
     )
-    parser.add_argument("--split", default="1,2,4,8", help="chunks per segment to compare")
+    parser.add_argument("--split", default="1,2,4,8", help="chunks per segment (1,2,4,8)")
     parser.add_argument(
         "--split-threads",
         type=int,
