@@ -39,6 +39,8 @@ from sdq.kernels.simd import (
     dot_q8_0,
     load_bf16,
     load_f16,
+    load_u32,
+    min_sum_k,
     prefetch,
 )
 
@@ -288,33 +290,46 @@ def _prefetch(raw, o, nbytes):
         prefetch(raw, o + PREFETCH_AHEAD + k)
 
 
+_M6 = np.uint64(0x3F3F3F3F)
+_M4 = np.uint64(0x0F0F0F0F)
+_M2 = np.uint64(0x03030303)
+
+
 @inline
-def _kscales(raw, o, sc, mins):
-    for j in range(8):
-        s_, m_ = kscale_min(raw, o + 4, j)
-        sc[j] = s_
-        mins[j] = m_
+def kscales_packed(raw, o):
+    """The 8 scales and 8 mins (6 bits each) of the Q4_K/Q5_K block at raw[o:], each set
+    as one uint64 with one value per byte (as kscale_min, four bytes at a time).
+
+    Packed bytes raw[o+4:o+16] as words w0, w1, w2: scales 0-3 and mins 0-3 are the low 6
+    bits of w0 and w1; scales 4-7 are w2's low nibbles with w0's top 2 bits above them, mins
+    4-7 are w2's high nibbles with w1's top 2 bits above them."""
+    w0 = load_u32(raw, o + 4)
+    w1 = load_u32(raw, o + 8)
+    w2 = load_u32(raw, o + 12)
+    s6, s4, s32 = np.uint64(6), np.uint64(4), np.uint64(32)
+    sc_hi = (w2 & _M4) | (((w0 >> s6) & _M2) << s4)
+    mn_hi = ((w2 >> s4) & _M4) | (((w1 >> s6) & _M2) << s4)
+    return (w0 & _M6) | (sc_hi << s32), (w1 & _M6) | (mn_hi << s32)
 
 
 @kernel(parallel=True)
 def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
+    nbs = cols // 16
     for c in prange(nch):
-        sc = np.empty(8, np.int16)
-        mins = np.empty(8, np.int32)
         acc = np.empty(T, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 o = (r * nb + b) * 144
                 _prefetch(raw, o, 144)
-                _kscales(raw, o, sc, mins)
+                sc, mn = kscales_packed(raw, o)
                 dw = load_f16(raw, o)
                 dmw = load_f16(raw, o + 2)
                 for t in range(T):
                     isum = dot_q4_k(raw, o, qs, t * cols + b * QK_K, sc)
-                    msum = _min_sum(mins, bs, t, b)
+                    msum = min_sum_k(mn, bs, t * nbs + b * 16)
                     dx = d[t, b]
                     acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
             for t in range(T):
@@ -325,21 +340,20 @@ def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
 def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
+    nbs = cols // 16
     for c in prange(nch):
-        sc = np.empty(8, np.int16)
-        mins = np.empty(8, np.int32)
         acc = np.empty(T, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 o = (r * nb + b) * 176
                 _prefetch(raw, o, 176)
-                _kscales(raw, o, sc, mins)
+                sc, mn = kscales_packed(raw, o)
                 dw = load_f16(raw, o)
                 dmw = load_f16(raw, o + 2)
                 for t in range(T):
                     isum = dot_q5_k(raw, o, qs, t * cols + b * QK_K, sc)
-                    msum = _min_sum(mins, bs, t, b)
+                    msum = min_sum_k(mn, bs, t * nbs + b * 16)
                     dx = d[t, b]
                     acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
             for t in range(T):
@@ -350,24 +364,17 @@ def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
 def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
+    nbs = cols // 16
     for c in prange(nch):
-        sc = np.empty(16, np.int16)
         acc = np.empty(T, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 o = (r * nb + b) * 210
                 _prefetch(raw, o, 210)
-                for g in range(16):
-                    v = np.int16(raw[U(o + 192 + g)])
-                    sc[g] = v - 256 if v > 127 else v
                 dw = load_f16(raw, o + 208)
                 for t in range(T):
-                    isum = dot_q6_k(raw, o, qs, t * cols + b * QK_K, sc)
-                    corr = np.int32(0)  # the stored values are q + 32
-                    for g in range(16):
-                        corr = np.int32(corr + np.int32(sc[g]) * bs[t, b * 16 + g])
-                    isum = np.int32(isum - 32 * corr)
+                    isum = dot_q6_k(raw, o, qs, t * cols + b * QK_K, bs, t * nbs + b * 16)
                     acc[t] += (d[t, b] * dw) * np.float32(isum)
             for t in range(T):
                 out[t, r] = acc[t]

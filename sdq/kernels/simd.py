@@ -66,16 +66,24 @@ class _Emit:
     def hsum(self, v):
         return self.b.call(self.fn("llvm.vector.reduce.add.v8i32", _i32, [_V8x32]), [v])
 
-    def scale_vec(self, arg_index, i0, i1):
-        """<16 x i16>: lanes 0-7 = scales[i0], lanes 8-15 = scales[i1] (int16 array arg)."""
-        sp = self.b.bitcast(self.arrays[arg_index].data, _i16.as_pointer())
-        s0 = self.b.load(self.b.gep(sp, [ir.Constant(_i32, i0)], source_etype=_i16))
-        s1 = self.b.load(self.b.gep(sp, [ir.Constant(_i32, i1)], source_etype=_i16))
-        undef = ir.Constant(ir.VectorType(_i16, 2), ir.Undefined)
-        pair = self.b.insert_element(undef, s0, ir.Constant(_i32, 0))
-        pair = self.b.insert_element(pair, s1, ir.Constant(_i32, 1))
-        mask = ir.Constant(ir.VectorType(_i32, 16), [0] * 8 + [1] * 8)
-        return self.b.shuffle_vector(pair, undef, mask)
+    def packed_bytes(self, value, out_type):
+        """A uint64 holding 8 bytes -> <8 x out_type>, each byte zero-extended."""
+        v8 = self.b.bitcast(value, ir.VectorType(_i8, 8))
+        return self.b.zext(v8, ir.VectorType(out_type, 8))
+
+    def lanes(self, v, idx):
+        """<len(idx) x T>: lane k = v[idx[k]] (broadcasts and pair splats of scales)."""
+        undef = ir.Constant(v.type, ir.Undefined)
+        return self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+
+    def load_i32x16(self, arg_index, index):
+        """<16 x i32> at element `index` of an int32 array argument."""
+        off = self.b.mul(index, ir.Constant(index.type, 4))
+        return self.load(arg_index, off, ir.VectorType(_i32, 16))
+
+    def fold16(self, v):
+        """<16 x i32> -> <8 x i32>: lanes k and k + 8 added."""
+        return self.b.add(self.lanes(v, list(range(8))), self.lanes(v, list(range(8, 16))))
 
     def signed_dot(self, w, x):
         """sum(w * x) pairwise for signed int8 w, x (|x| <= 127): |w| times x with w's sign."""
@@ -104,15 +112,17 @@ def load_f16(typingctx, arr, off):
 
 @intrinsic
 def dot_q4_k(typingctx, raw, o, x, xo, sc):
-    """sum_j sc[j] * sum_i q_ji * x[xo + 32j + i] for the Q4_K block at raw[o:o+144].
+    """sum_j sc_j * sum_i q_ji * x[xo + 32j + i] for the Q4_K block at raw[o:o+144].
 
-    raw uint8, x int8 (one token's Q8_K quants), sc int16[8] (the block's 6-bit scales)."""
+    raw uint8, x int8 (one token's Q8_K quants), sc uint64: the block's eight 6-bit scales,
+    one per byte (``kscales_packed`` in dot.py)."""
     sig = types.int32(raw, o, x, xo, sc)
 
     def codegen(context, builder, sig, args):
         e = _Emit(context, builder, sig, args)
-        _, o_, _, xo_, _ = args
+        _, o_, _, xo_, sc_ = args
         acc = ir.Constant(_V8x32, None)
+        scales = e.packed_bytes(sc_, _i16)  # <8 x i16>
         m4 = e.splat(15)
         for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
             q = e.load(0, e.off(o_, 16 + 32 * p))
@@ -120,8 +130,8 @@ def dot_q4_k(typingctx, raw, o, x, xo, sc):
             hi = builder.lshr(q, e.splat(4))
             pl = e.maddubs(lo, e.load(2, e.off(xo_, 64 * p)))
             ph = e.maddubs(hi, e.load(2, e.off(xo_, 64 * p + 32)))
-            acc = builder.add(acc, e.maddwd(pl, e.scale_vec(4, 2 * p, 2 * p)))
-            acc = builder.add(acc, e.maddwd(ph, e.scale_vec(4, 2 * p + 1, 2 * p + 1)))
+            acc = builder.add(acc, e.maddwd(pl, e.lanes(scales, [2 * p] * 16)))
+            acc = builder.add(acc, e.maddwd(ph, e.lanes(scales, [2 * p + 1] * 16)))
         return e.hsum(acc)
 
     return sig, codegen
@@ -134,8 +144,9 @@ def dot_q5_k(typingctx, raw, o, x, xo, sc):
 
     def codegen(context, builder, sig, args):
         e = _Emit(context, builder, sig, args)
-        _, o_, _, xo_, _ = args
+        _, o_, _, xo_, sc_ = args
         acc = ir.Constant(_V8x32, None)
+        scales = e.packed_bytes(sc_, _i16)  # <8 x i16>
         m4 = e.splat(15)
         one = e.splat(1)
         qh = e.load(0, e.off(o_, 16))
@@ -147,25 +158,46 @@ def dot_q5_k(typingctx, raw, o, x, xo, sc):
             hi = builder.or_(builder.lshr(q, e.splat(4)), builder.shl(h1, e.splat(4)))
             pl = e.maddubs(lo, e.load(2, e.off(xo_, 64 * p)))
             ph = e.maddubs(hi, e.load(2, e.off(xo_, 64 * p + 32)))
-            acc = builder.add(acc, e.maddwd(pl, e.scale_vec(4, 2 * p, 2 * p)))
-            acc = builder.add(acc, e.maddwd(ph, e.scale_vec(4, 2 * p + 1, 2 * p + 1)))
+            acc = builder.add(acc, e.maddwd(pl, e.lanes(scales, [2 * p] * 16)))
+            acc = builder.add(acc, e.maddwd(ph, e.lanes(scales, [2 * p + 1] * 16)))
         return e.hsum(acc)
 
     return sig, codegen
 
 
 @intrinsic
-def dot_q6_k(typingctx, raw, o, x, xo, sc):
-    """sum_g sc[g] * sum_i u_gi * x[xo + 16g + i] for the Q6_K block at raw[o:o+210], with
-    u = q + 32 the stored unsigned 6-bit value (the caller subtracts 32 * sum_g sc[g]*bsum_g).
-
-    sc int16[16]: the block's signed 8-bit scales."""
-    sig = types.int32(raw, o, x, xo, sc)
+def min_sum_k(typingctx, mins, bs, bo):
+    """sum_j m_j * (bs[bo + 2j] + bs[bo + 2j + 1]) for j < 8: the K-quant min term of one
+    block (mins uint64: eight 6-bit mins, one per byte; bs int32: sums of 16 quants)."""
+    sig = types.int32(mins, bs, bo)
 
     def codegen(context, builder, sig, args):
         e = _Emit(context, builder, sig, args)
-        _, o_, _, xo_, _ = args
+        m = e.packed_bytes(args[0], _i32)  # <8 x i32>
+        s16 = e.load_i32x16(1, args[2])
+        even, odd = e.lanes(s16, list(range(0, 16, 2))), e.lanes(s16, list(range(1, 16, 2)))
+        pairs = builder.add(even, odd)  # sums of each 32 quants
+        return e.hsum(builder.mul(m, pairs))
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_q6_k(typingctx, raw, o, x, xo, bs, bo):
+    """sum_g sc_g * sum_i q_gi * x[xo + 16g + i] for the Q6_K block at raw[o:o+210], with
+    q the signed 6-bit value and sc_g the block's signed 8-bit scales (read from raw).
+
+    The products are taken on the stored unsigned values u = q + 32 (``vpmaddubsw`` wants an
+    unsigned operand); the excess 32 * sum_g sc_g * bs[bo + g] (bs int32: sums of each 16
+    activation quants) is subtracted in the same vector before the final sum."""
+    sig = types.int32(raw, o, x, xo, bs, bo)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        _, o_, _, xo_, _, bo_ = args
         acc = ir.Constant(_V8x32, None)
+        sc8 = e.load(0, e.off(o_, 192), _V16x8)
+        scales = builder.sext(sc8, _V16x16)  # <16 x i16>
         m4, m2 = e.splat(15), e.splat(3)
         for h in range(2):  # two halves of 128 values
             ql0 = e.load(0, e.off(o_, 64 * h))
@@ -182,7 +214,10 @@ def dot_q6_k(typingctx, raw, o, x, xo, sc):
                 u = builder.or_(lows[t], builder.shl(hb, e.splat(4)))
                 pr = e.maddubs(u, e.load(2, e.off(xo_, 128 * h + 32 * t)))
                 g = 8 * h + 2 * t
-                acc = builder.add(acc, e.maddwd(pr, e.scale_vec(4, g, g + 1)))
+                acc = builder.add(acc, e.maddwd(pr, e.lanes(scales, [g] * 8 + [g + 1] * 8)))
+        sc32 = builder.sext(sc8, ir.VectorType(_i32, 16))
+        excess = e.fold16(builder.mul(sc32, e.load_i32x16(4, bo_)))  # sum sc_g * bs_g
+        acc = builder.sub(acc, builder.shl(excess, ir.Constant(_V8x32, [5] * 8)))
         return e.hsum(acc)
 
     return sig, codegen
@@ -215,6 +250,20 @@ def dot_q4_0(typingctx, raw, o, x, xo):
         w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
         w = builder.sub(w, e.splat(8))
         return e.hsum(e.signed_dot(w, e.load(2, xo_)))
+
+    return sig, codegen
+
+
+@intrinsic
+def load_u32(typingctx, arr, off):
+    """The little-endian uint32 at arr[off:off+4] (uint8 array), zero-extended to uint64."""
+    sig = types.uint64(arr, off)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        ptr = cgutils.pointer_add(builder, e.arrays[0].data, args[1])
+        w = builder.load(builder.bitcast(ptr, _i32.as_pointer()), align=1)
+        return builder.zext(w, ir.IntType(64))
 
     return sig, codegen
 
