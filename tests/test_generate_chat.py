@@ -73,3 +73,24 @@ def test_user_errors_are_one_line(tiny_model, capsys, args, message):
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("sdq chat: error: ") and message in err and err.count("\n") == 1
+
+
+def test_io_profile_fills_io_settings_unless_given(tiny_model, tmp_path):
+    profile = tmp_path / "io.json"
+    profile.write_text(
+        json.dumps({"version": 1, "io_threads": 5, "io_split": 2, "cache_mode": "direct"})
+    )
+    common = ("-m", tiny_model, "-p", PROMPT, "-n", "2", "--io-profile", profile)
+    from_profile = chat_json(*common)["settings"]
+    assert (from_profile["io_threads"], from_profile["io_split"]) == (5, 2)
+    assert from_profile["io_mode"] == "split"
+    explicit = chat_json(*common, "--io-threads", "3", "--io-mode", "parallel")["settings"]
+    assert (explicit["io_threads"], explicit["io_mode"]) == (3, "parallel")
+
+
+def test_bad_io_profile_is_one_line(tiny_model, tmp_path, capsys):
+    profile = tmp_path / "io.json"
+    profile.write_text('{"version": 1, "io_threads": 0, "io_split": 1, "cache_mode": "direct"}')
+    rc = main(["chat", "-m", str(tiny_model), "-p", PROMPT, "--io-profile", str(profile)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "io_threads must be an integer" in err and err.count("\n") == 1

@@ -39,8 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reserve-mb", type=float, help="RAM kept free inside the budget")
     p.add_argument("--max-slots", type=int, help="cap the expert arena at this many slots")
     p.add_argument("--io-threads", type=int, help="expert read threads (default 3 x threads)")
-    p.add_argument("--io-mode", choices=IO_MODES, default="parallel")
-    p.add_argument("--io-split", type=int, default=1, help="pieces per segment (--io-mode split)")
+    p.add_argument("--io-mode", choices=IO_MODES, help="how an expert is read (default parallel)")
+    p.add_argument("--io-split", type=int, help="pieces per segment (--io-mode split; default 1)")
+    p.add_argument(
+        "--io-profile",
+        help="I/O settings recommended by `sdq probe --profile-out` (explicit flags win)",
+    )
     p.add_argument("--cache-mode", choices=CACHE_MODES, default="pagecache")
     p.add_argument(
         "--resident", action="store_true", help="copy every expert into RAM (no pager, no budget)"
@@ -91,6 +95,7 @@ def _prompt(args) -> str:
 
 
 def _check_args(args) -> None:
+    _apply_io_profile(args)
     for flag, value, low in (
         ("-n", args.n_predict, 1),
         ("-c", args.ctx_size, 1),
@@ -104,6 +109,24 @@ def _check_args(args) -> None:
         if value is not None and value < 1:
             raise ParamsError(f"{flag} {value} must be >= 1")
     args.ubatch = min(args.ubatch, args.ctx_size)  # a ubatch never exceeds the context
+
+
+def _apply_io_profile(args) -> None:
+    """Fill --io-threads / --io-split / --io-mode from --io-profile where not given."""
+    if getattr(args, "io_profile", None):
+        from sdq.probe import load_io_profile
+
+        profile = load_io_profile(args.io_profile)
+        if args.io_threads is None:
+            args.io_threads = profile.io_threads
+        if args.io_split is None:
+            args.io_split = profile.io_split
+        if args.io_mode is None and args.io_split > 1:
+            args.io_mode = "split"
+    if args.io_split is None:
+        args.io_split = 1
+    if args.io_mode is None:
+        args.io_mode = "parallel"
 
 
 def _printer():
