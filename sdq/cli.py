@@ -28,7 +28,11 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sdq", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sdq",
+        description="Run MoE GGUF models larger than RAM by paging routed experts from disk, "
+        "and measure what decides their speed.",
+    )
     parser.add_argument("--version", action="version", version=f"sdq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
