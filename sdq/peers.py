@@ -485,8 +485,10 @@ def run_peers(
 
 
 def mark_same_tokens(rows: list[dict]) -> None:
-    """same_tokens = 1 when a run generated the same greedy tokens as the first llama.cpp run
-    (the systems did the same work), else 0; absent when there is no llama.cpp run."""
+    """same_tokens = 1 when a run generated the same greedy tokens as the first llama.cpp run,
+    else 0; agree_tokens = how many leading tokens agree with it (on a synthetic model's nearly
+    flat logits, a last-bit difference can flip a near tie and the texts part from there).
+    Absent when there is no llama.cpp run."""
     ref = next(
         (r["generated_ids"] for r in rows if r["status"] == "ok" and r["system"] != "sdq"), None
     )
@@ -494,7 +496,12 @@ def mark_same_tokens(rows: list[dict]) -> None:
         return
     for r in rows:
         if r["status"] == "ok":
-            r["same_tokens"] = int(r["generated_ids"] == ref)
+            ids = r["generated_ids"]
+            r["same_tokens"] = int(ids == ref)
+            r["agree_tokens"] = next(
+                (i for i, (a, b) in enumerate(zip(ids, ref, strict=False)) if a != b),
+                min(len(ids), len(ref)),
+            )
 
 
 def _brief(row: dict) -> str:

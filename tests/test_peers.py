@@ -76,6 +76,7 @@ def test_same_tokens_against_the_first_llama_run():
     ]
     mark_same_tokens(rows)
     assert [r.get("same_tokens") for r in rows] == [1, 1, 0, None]
+    assert [r.get("agree_tokens") for r in rows] == [3, 3, 2, None]
 
 
 def test_io_ceiling():
