@@ -166,3 +166,13 @@ def test_cli_tiny_model_resident_and_capped(tiny_model):
         runs[("resident", "sdq")]["decode_tok_s"] / runs[("resident", "llama")]["decode_tok_s"]
     )
     assert ratios[("resident", "llama")]["decode_ratio"] == pytest.approx(resident)
+
+
+def test_rlimit_data_fallback_runs_and_says_so(tiny_model):
+    from sdq.peers import Condition, PeerSettings, run_one
+
+    s = PeerSettings(model=str(tiny_model), prompt_ids=(14990, 1052, 11, 1246), tokens=2)
+    row = run_one("llama-mmap", s, Condition(700, "rlimit_data"))
+    assert row["status"] == "ok", row["status"]
+    assert row["limit_method"] == "rlimit_data" and row["cache"] == "cold"
+    assert "cgroup_peak_mb" not in row  # no group: no page-cache accounting to report
