@@ -25,7 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", choices=("none", "rlimit_data", "cgroup"), help="RAM limit method")
     p.add_argument("--cache-mode", choices=("pagecache", "dontneed", "direct"))
     p.add_argument(
-        "--file-cache", choices=("dropped", "warm"), help="model file pages before each run"
+        "--file-cache",
+        choices=("dropped", "warm"),
+        help="model file pages before each chat run: dropped (cold) or warm (file read once)",
     )
     p.add_argument(
         "--system-drop",

@@ -1,9 +1,11 @@
 """Run one configuration in a fresh `sdq` subprocess and describe how it went, crash included.
 
 Each run is a cold process: a new interpreter, a new arena, nothing inherited but the page
-cache, which is dropped for the model file first (`file_cache="dropped"`) or warmed by reading
-the whole file once (`"warm"`, reported as such). The child runs under the configuration's RAM
-limit (sdq.limits: RLIMIT_DATA set between fork and exec, or a cgroup v1 memory group).
+cache, which is dropped for the model file first (`file_cache="dropped"`), warmed by reading
+the whole file once (`"warm"`, reported as such), or left as it is (`"untouched"`: for a
+benchmark that drops or warms the pages itself before every timed read). The child runs under
+the configuration's RAM limit (sdq.limits: RLIMIT_DATA set between fork and exec, or a cgroup
+v1 memory group).
 
 Peak RSS is the child's own VmHWM from /proc/<pid>/status, polled while it runs: the kernel's
 ru_maxrss (getrusage, wait4) of a child starts from its parent's high-water mark at fork, so a
@@ -99,11 +101,13 @@ def run_config(
 
 
 def _prepare_cache(config: RunConfig, system_drop: bool) -> float:
-    """Drops or warms the model file's pages; returns the share cached at the start."""
+    """Drops, warms or leaves the model file's pages; returns the share cached at the start."""
     if config.file_cache == "dropped":
         if system_drop:
             limits.drop_system_cache()
         return limits.drop_file_cache(config.model)
+    if config.file_cache == "untouched":
+        return limits.file_resident_fraction(config.model)
     with open(config.model, "rb") as f:  # warm: read the whole file once through the cache
         while f.read(16 * MB):
             pass

@@ -377,7 +377,7 @@ class SuiteBuilder:
             str(s.seed),
         )
         # the benchmark drops (or warms) the experts' pages itself before every timed read
-        return [RunConfig("layer-miss", "layer-miss", args, self.model, MemoryLimit(), "warm")]
+        return [RunConfig("layer-miss", "layer-miss", args, self.model, MemoryLimit(), "untouched")]
 
     # memory suites ------------------------------------------------------------------------
 
