@@ -11,7 +11,9 @@ prefill ubatch reuses each weight block (from L1) for all its T tokens.
 
 Two implementations of the block dot, chosen per CPU:
 - SIMD (x86 AVX2, simd.py): ggml's method, unsigned x signed byte multiply-adds on weights
-  unpacked in registers, plus software prefetch. Used where the CPU has AVX2.
+  unpacked in registers, plus software prefetch. Used where the CPU has AVX2. With more
+  than one token (prefill) a K-quant block is unpacked once into 256 bytes and each token's
+  dot product reads those.
 - portable: each block unpacked into int16 values already multiplied by their sub-block
   scale, then plain int16 x int8 -> int32 loops that LLVM vectorizes. The fallback, and the
   cross-check of the SIMD path in the tests.
@@ -37,11 +39,16 @@ from sdq.kernels.simd import (
     dot_q5_k,
     dot_q6_k,
     dot_q8_0,
+    dot_unpacked_k,
+    dot_unpacked_q6_k,
     load_bf16,
     load_f16,
     load_u32,
     min_sum_k,
     prefetch,
+    unpack_q4_k,
+    unpack_q5_k,
+    unpack_q6_k,
 )
 
 CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is busy elsewhere
@@ -319,6 +326,7 @@ def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     nbs = cols // 16
     for c in prange(nch):
         acc = np.empty(T, np.float32)
+        buf = np.empty(QK_K, np.uint8)  # one block unpacked (T > 1)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
@@ -327,8 +335,15 @@ def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
                 sc, mn = kscales_packed(raw, o)
                 dw = load_f16(raw, o)
                 dmw = load_f16(raw, o + 2)
+                if T == 1:
+                    isum = dot_q4_k(raw, o, qs, b * QK_K, sc)
+                    msum = min_sum_k(mn, bs, b * 16)
+                    dx = d[0, b]
+                    acc[0] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
+                    continue
+                unpack_q4_k(raw, o, buf)  # once for all T tokens
                 for t in range(T):
-                    isum = dot_q4_k(raw, o, qs, t * cols + b * QK_K, sc)
+                    isum = dot_unpacked_k(buf, qs, t * cols + b * QK_K, sc)
                     msum = min_sum_k(mn, bs, t * nbs + b * 16)
                     dx = d[t, b]
                     acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
@@ -343,6 +358,7 @@ def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     nbs = cols // 16
     for c in prange(nch):
         acc = np.empty(T, np.float32)
+        buf = np.empty(QK_K, np.uint8)  # one block unpacked (T > 1)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
@@ -351,8 +367,15 @@ def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
                 sc, mn = kscales_packed(raw, o)
                 dw = load_f16(raw, o)
                 dmw = load_f16(raw, o + 2)
+                if T == 1:
+                    isum = dot_q5_k(raw, o, qs, b * QK_K, sc)
+                    msum = min_sum_k(mn, bs, b * 16)
+                    dx = d[0, b]
+                    acc[0] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
+                    continue
+                unpack_q5_k(raw, o, buf)  # once for all T tokens
                 for t in range(T):
-                    isum = dot_q5_k(raw, o, qs, t * cols + b * QK_K, sc)
+                    isum = dot_unpacked_k(buf, qs, t * cols + b * QK_K, sc)
                     msum = min_sum_k(mn, bs, t * nbs + b * 16)
                     dx = d[t, b]
                     acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
@@ -367,14 +390,21 @@ def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     nbs = cols // 16
     for c in prange(nch):
         acc = np.empty(T, np.float32)
+        buf = np.empty(QK_K, np.uint8)  # one block unpacked (T > 1)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 o = (r * nb + b) * 210
                 _prefetch(raw, o, 210)
                 dw = load_f16(raw, o + 208)
+                if T == 1:
+                    isum = dot_q6_k(raw, o, qs, b * QK_K, bs, b * 16)
+                    acc[0] += (d[0, b] * dw) * np.float32(isum)
+                    continue
+                unpack_q6_k(raw, o, buf)  # once for all T tokens
                 for t in range(T):
-                    isum = dot_q6_k(raw, o, qs, t * cols + b * QK_K, bs, t * nbs + b * 16)
+                    xo, bo = t * cols + b * QK_K, t * nbs + b * 16
+                    isum = dot_unpacked_q6_k(buf, qs, xo, raw, o, bs, bo)
                     acc[t] += (d[t, b] * dw) * np.float32(isum)
             for t in range(T):
                 out[t, r] = acc[t]

@@ -50,6 +50,11 @@ class _Emit:
         ptr = cgutils.pointer_add(self.b, self.arrays[arg_index].data, offset)
         return self.b.load(self.b.bitcast(ptr, vtype.as_pointer()), align=1)
 
+    def store(self, arg_index, offset, value):
+        """Store a vector at byte `offset` (an int) of an array argument."""
+        ptr = cgutils.pointer_add(self.b, self.arrays[arg_index].data, offset)
+        self.b.store(value, self.b.bitcast(ptr, value.type.as_pointer()), align=1)
+
     def off(self, base, k):
         return self.b.add(base, ir.Constant(base.type, k))
 
@@ -62,6 +67,12 @@ class _Emit:
 
     def maddwd(self, a, b):  # <16 x i16> x <16 x i16> -> <8 x i32> pairwise sums
         return self.b.call(self.fn("llvm.x86.avx2.pmadd.wd", _V8x32, [_V16x16, _V16x16]), [a, b])
+
+    def sum(self, terms):
+        acc = terms[0]
+        for t in terms[1:]:
+            acc = self.b.add(acc, t)
+        return acc
 
     def hsum(self, v):
         return self.b.call(self.fn("llvm.vector.reduce.add.v8i32", _i32, [_V8x32]), [v])
@@ -121,7 +132,7 @@ def dot_q4_k(typingctx, raw, o, x, xo, sc):
     def codegen(context, builder, sig, args):
         e = _Emit(context, builder, sig, args)
         _, o_, _, xo_, sc_ = args
-        acc = ir.Constant(_V8x32, None)
+        terms = []  # <8 x i32> partial sums
         scales = e.packed_bytes(sc_, _i16)  # <8 x i16>
         m4 = e.splat(15)
         for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
@@ -130,9 +141,9 @@ def dot_q4_k(typingctx, raw, o, x, xo, sc):
             hi = builder.lshr(q, e.splat(4))
             pl = e.maddubs(lo, e.load(2, e.off(xo_, 64 * p)))
             ph = e.maddubs(hi, e.load(2, e.off(xo_, 64 * p + 32)))
-            acc = builder.add(acc, e.maddwd(pl, e.lanes(scales, [2 * p] * 16)))
-            acc = builder.add(acc, e.maddwd(ph, e.lanes(scales, [2 * p + 1] * 16)))
-        return e.hsum(acc)
+            terms.append(e.maddwd(pl, e.lanes(scales, [2 * p] * 16)))
+            terms.append(e.maddwd(ph, e.lanes(scales, [2 * p + 1] * 16)))
+        return e.hsum(e.sum(terms))
 
     return sig, codegen
 
@@ -145,7 +156,7 @@ def dot_q5_k(typingctx, raw, o, x, xo, sc):
     def codegen(context, builder, sig, args):
         e = _Emit(context, builder, sig, args)
         _, o_, _, xo_, sc_ = args
-        acc = ir.Constant(_V8x32, None)
+        terms = []  # <8 x i32> partial sums
         scales = e.packed_bytes(sc_, _i16)  # <8 x i16>
         m4 = e.splat(15)
         one = e.splat(1)
@@ -158,9 +169,9 @@ def dot_q5_k(typingctx, raw, o, x, xo, sc):
             hi = builder.or_(builder.lshr(q, e.splat(4)), builder.shl(h1, e.splat(4)))
             pl = e.maddubs(lo, e.load(2, e.off(xo_, 64 * p)))
             ph = e.maddubs(hi, e.load(2, e.off(xo_, 64 * p + 32)))
-            acc = builder.add(acc, e.maddwd(pl, e.lanes(scales, [2 * p] * 16)))
-            acc = builder.add(acc, e.maddwd(ph, e.lanes(scales, [2 * p + 1] * 16)))
-        return e.hsum(acc)
+            terms.append(e.maddwd(pl, e.lanes(scales, [2 * p] * 16)))
+            terms.append(e.maddwd(ph, e.lanes(scales, [2 * p + 1] * 16)))
+        return e.hsum(e.sum(terms))
 
     return sig, codegen
 
@@ -195,7 +206,7 @@ def dot_q6_k(typingctx, raw, o, x, xo, bs, bo):
     def codegen(context, builder, sig, args):
         e = _Emit(context, builder, sig, args)
         _, o_, _, xo_, _, bo_ = args
-        acc = ir.Constant(_V8x32, None)
+        terms = []  # <8 x i32> partial sums
         sc8 = e.load(0, e.off(o_, 192), _V16x8)
         scales = builder.sext(sc8, _V16x16)  # <16 x i16>
         m4, m2 = e.splat(15), e.splat(3)
@@ -214,10 +225,10 @@ def dot_q6_k(typingctx, raw, o, x, xo, bs, bo):
                 u = builder.or_(lows[t], builder.shl(hb, e.splat(4)))
                 pr = e.maddubs(u, e.load(2, e.off(xo_, 128 * h + 32 * t)))
                 g = 8 * h + 2 * t
-                acc = builder.add(acc, e.maddwd(pr, e.lanes(scales, [g] * 8 + [g + 1] * 8)))
+                terms.append(e.maddwd(pr, e.lanes(scales, [g] * 8 + [g + 1] * 8)))
         sc32 = builder.sext(sc8, ir.VectorType(_i32, 16))
         excess = e.fold16(builder.mul(sc32, e.load_i32x16(4, bo_)))  # sum sc_g * bs_g
-        acc = builder.sub(acc, builder.shl(excess, ir.Constant(_V8x32, [5] * 8)))
+        acc = builder.sub(e.sum(terms), builder.shl(excess, ir.Constant(_V8x32, [5] * 8)))
         return e.hsum(acc)
 
     return sig, codegen
@@ -308,5 +319,119 @@ def prefetch(typingctx, arr, off):
         # rw = 0 (read), locality = 3 (keep in all cache levels), cache type = 1 (data)
         builder.call(fn, [ptr, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------------------------------
+# Prefill: a block's weights unpacked once into 256 unsigned bytes (in the order of the
+# activations they multiply), then dotted with each token's quants. The integer results
+# equal the fused block dots above.
+
+
+@intrinsic
+def unpack_q4_k(typingctx, raw, o, buf):
+    """buf[32j + i] = 4-bit value i of sub-block j of the Q4_K block at raw[o:o+144]."""
+    sig = types.void(raw, o, buf)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        o_ = args[1]
+        m4 = e.splat(15)
+        for p in range(4):
+            q = e.load(0, e.off(o_, 16 + 32 * p))
+            e.store(2, 64 * p, builder.and_(q, m4))
+            e.store(2, 64 * p + 32, builder.lshr(q, e.splat(4)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def unpack_q5_k(typingctx, raw, o, buf):
+    """buf[32j + i] = 5-bit value i of sub-block j of the Q5_K block at raw[o:o+176]."""
+    sig = types.void(raw, o, buf)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        o_ = args[1]
+        m4, one = e.splat(15), e.splat(1)
+        qh = e.load(0, e.off(o_, 16))
+        for p in range(4):
+            q = e.load(0, e.off(o_, 48 + 32 * p))
+            h0 = builder.and_(builder.lshr(qh, e.splat(2 * p)), one)
+            h1 = builder.and_(builder.lshr(qh, e.splat(2 * p + 1)), one)
+            e.store(2, 64 * p, builder.or_(builder.and_(q, m4), builder.shl(h0, e.splat(4))))
+            hi = builder.or_(builder.lshr(q, e.splat(4)), builder.shl(h1, e.splat(4)))
+            e.store(2, 64 * p + 32, hi)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def unpack_q6_k(typingctx, raw, o, buf):
+    """buf[n] = stored unsigned 6-bit value n (q + 32) of the Q6_K block at raw[o:o+210]."""
+    sig = types.void(raw, o, buf)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        o_ = args[1]
+        m4, m2 = e.splat(15), e.splat(3)
+        for h in range(2):
+            ql0 = e.load(0, e.off(o_, 64 * h))
+            ql1 = e.load(0, e.off(o_, 64 * h + 32))
+            qh = e.load(0, e.off(o_, 128 + 32 * h))
+            lows = [
+                builder.and_(ql0, m4),
+                builder.and_(ql1, m4),
+                builder.lshr(ql0, e.splat(4)),
+                builder.lshr(ql1, e.splat(4)),
+            ]
+            for t in range(4):
+                hb = builder.and_(builder.lshr(qh, e.splat(2 * t)), m2)
+                e.store(2, 128 * h + 32 * t, builder.or_(lows[t], builder.shl(hb, e.splat(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_unpacked_k(typingctx, buf, x, xo, sc):
+    """sum_j sc_j * sum_i buf[32j + i] * x[xo + 32j + i]: dot_q4_k / dot_q5_k on a block
+    unpacked by unpack_q4_k / unpack_q5_k (sc uint64: 8 scales, one per byte)."""
+    sig = types.int32(buf, x, xo, sc)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        _, _, xo_, sc_ = args
+        terms = []  # <8 x i32> partial sums
+        scales = e.packed_bytes(sc_, _i16)
+        for j in range(8):
+            pr = e.maddubs(e.load(0, ir.Constant(xo_.type, 32 * j)), e.load(1, e.off(xo_, 32 * j)))
+            terms.append(e.maddwd(pr, e.lanes(scales, [j] * 16)))
+        return e.hsum(e.sum(terms))
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_unpacked_q6_k(typingctx, buf, x, xo, raw, o, bs, bo):
+    """dot_q6_k on a block unpacked by unpack_q6_k (scales still read from raw[o+192:])."""
+    sig = types.int32(buf, x, xo, raw, o, bs, bo)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        _, _, xo_, _, o_, _, bo_ = args
+        terms = []  # <8 x i32> partial sums
+        sc8 = e.load(3, e.off(o_, 192), _V16x8)
+        scales = builder.sext(sc8, _V16x16)
+        for j in range(8):  # 32 values: scales 2j (first 16) and 2j+1
+            pr = e.maddubs(e.load(0, ir.Constant(xo_.type, 32 * j)), e.load(1, e.off(xo_, 32 * j)))
+            terms.append(e.maddwd(pr, e.lanes(scales, [2 * j] * 8 + [2 * j + 1] * 8)))
+        sc32 = builder.sext(sc8, ir.VectorType(_i32, 16))
+        excess = e.fold16(builder.mul(sc32, e.load_i32x16(5, bo_)))
+        acc = builder.sub(e.sum(terms), builder.shl(excess, ir.Constant(_V8x32, [5] * 8)))
+        return e.hsum(acc)
 
     return sig, codegen
