@@ -9,6 +9,23 @@ STAMP    := $(VENV)/.installed-sdq
 # llama-cpp-python compiles llama.cpp from source; use every core for it.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
+# llama.cpp is built for this CPU's vector extensions, named explicitly, and without AMX:
+# a -march=native build uses AMX tile instructions whenever the CPU reports them, and
+# virtual machines that report AMX but do not enable it kill the process with SIGILL.
+# The wheel is built once per flag set and kept in ~/.cache/sdq/wheels/.
+LLAMA_CPP  := llama-cpp-python==0.3.36
+CPU_FLAGS  := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+cpu_has     = $(filter $(1),$(CPU_FLAGS))
+GGML_ARGS  := -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+	$(if $(call cpu_has,avx),-DGGML_AVX=ON) $(if $(call cpu_has,avx2),-DGGML_AVX2=ON) \
+	$(if $(call cpu_has,fma),-DGGML_FMA=ON) $(if $(call cpu_has,f16c),-DGGML_F16C=ON) \
+	$(if $(call cpu_has,bmi2),-DGGML_BMI2=ON) $(if $(call cpu_has,avx_vnni),-DGGML_AVX_VNNI=ON) \
+	$(if $(call cpu_has,avx512f),-DGGML_AVX512=ON) \
+	$(if $(call cpu_has,avx512vbmi),-DGGML_AVX512_VBMI=ON) \
+	$(if $(call cpu_has,avx512_vnni),-DGGML_AVX512_VNNI=ON) \
+	$(if $(call cpu_has,avx512_bf16),-DGGML_AVX512_BF16=ON)
+WHEELS     := $(HOME)/.cache/sdq/wheels/$(shell echo '$(LLAMA_CPP) $(GGML_ARGS)' | md5sum | cut -c1-12)
+
 .PHONY: setup test reproduce docs lab lint format clean
 
 setup: $(STAMP)
@@ -16,6 +33,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard kernels_c/*.c kernels_c/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { rm -rf $(WHEELS).tmp && \
+	  CMAKE_ARGS="$(strip $(GGML_ARGS))" $(PY) -m pip wheel --quiet --no-cache-dir --no-deps \
+	    -w $(WHEELS).tmp $(LLAMA_CPP) && mv $(WHEELS).tmp $(WHEELS); }
+	$(PY) -m pip install --quiet --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-*.whl
 	$(PY) -m pip install --quiet -e '.[lab,dev]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
