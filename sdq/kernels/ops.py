@@ -109,11 +109,13 @@ def _attention(q, k_cache, v_cache, p0, Hkv, out):
         o = np.empty(Dh, np.float32)
         for t in range(T):
             n = p0 + t + 1  # positions this token sees
+            qh = q[t, h]  # [Dh]
             smax = np.float32(-np.inf)
             for j in range(n):
-                acc = np.float32(0.0)
+                kj = k_cache[j, c0 : c0 + Dh]  # [Dh] view: loop indices >= 0, so LLVM
+                acc = np.float32(0.0)  # vectorizes (no negative-index fix-up per element)
                 for i in range(Dh):
-                    acc += q[t, h, i] * k_cache[j, c0 + i]
+                    acc += qh[i] * kj[i]
                 acc *= scale
                 s[j] = acc
                 smax = max(smax, acc)
@@ -126,8 +128,9 @@ def _attention(q, k_cache, v_cache, p0, Hkv, out):
             o[:] = 0
             for j in range(n):
                 p = s[j] * inv
+                vj = v_cache[j, c0 : c0 + Dh]  # [Dh]
                 for i in range(Dh):
-                    o[i] += p * v_cache[j, c0 + i]
+                    o[i] += p * vj[i]
             for i in range(Dh):
                 out[t, h, i] = o[i]
 
