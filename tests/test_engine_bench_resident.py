@@ -16,7 +16,7 @@ def test_bench_resident_reports_both_engines(tiny_model, capsys):
             assert len(runs) == 2 and all(v > 0 for v in runs)
             assert min(runs) <= r[f"{engine}_{key}"] <= max(runs)  # the median
     assert r["ratio_decode_tok_s"] == r["sdq_decode_tok_s"] / r["llama.cpp_decode_tok_s"]
-    assert r["n_prompt"] > 16 and "no AMX" in r["llama_settings"]
+    assert r["n_prompt"] > 16 and "without AMX" in r["llama_settings"]
 
 
 def test_bench_resident_table(tiny_model, capsys):

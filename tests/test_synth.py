@@ -314,7 +314,7 @@ def test_f32_file_holds_the_generated_weights(tiny_model_f32):
 
 
 def _logits(path: Path, text: str) -> np.ndarray:
-    from sdq.bench.llama_ref import open_llama  # extra buffer types off: no AMX SIGILL
+    from sdq.bench.llama_ref import open_llama  # refuses an AMX build (SIGILL here)
 
     llm = open_llama(path, n_ctx=64, n_ubatch=64, threads=2, logits_all=True)
     tokens = llm.tokenize(text.encode(), add_bos=False)
