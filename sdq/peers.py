@@ -15,6 +15,10 @@ memory condition, the child only generates and reports:
              LLAMA_LAZY_MODE_ON: rows of the tensors its architecture marks read on demand).
              No warm-up: the cold start is part of what a capped run measures.
 
+Both engines' OpenMP workers get the same wait policy (`OMP_WAIT_POLICY`, PASSIVE by default,
+which is what sdq's kernels set for themselves): with ggml's default of spinning, llama.cpp's
+decode on a busy two-core machine was measured several times slower and far more erratic.
+
 Device bytes come from `/proc/self/io` `read_bytes` read by the child before and after decode
 (bytes the process caused to be fetched from the block device: page faults on the mapping,
 readahead, pread and O_DIRECT alike; page-cache hits count nothing). Peak memory is the child's
@@ -65,6 +69,9 @@ class PeerSettings:
     reserve_mb: float = 100.0  # sdq's head room inside its budget (the plan's `reserve`)
     sdq_cache_mode: str = "pagecache"  # how sdq's pager reads experts (sdq chat --cache-mode)
     io_threads: int | None = None  # sdq's expert read threads (None: 3 x threads)
+    # OpenMP idle workers, for both engines alike: PASSIVE (block; sdq's own default) or ACTIVE
+    # (spin). llama.cpp's ggml uses OpenMP too; spinning workers collapse on a busy machine.
+    omp_wait_policy: str = "PASSIVE"
     timeout_s: float = 900.0
 
     def validate(self) -> None:
@@ -74,6 +81,8 @@ class PeerSettings:
             raise ParamsError(f"--threads {self.threads} must be >= 1")
         if not self.prompt_ids:
             raise ParamsError("the prompt is empty (0 tokens)")
+        if self.omp_wait_policy not in ("PASSIVE", "ACTIVE"):
+            raise ParamsError(f"OpenMP wait policy {self.omp_wait_policy!r}: PASSIVE or ACTIVE")
         if len(self.prompt_ids) + self.tokens > self.ctx:
             raise ParamsError(
                 f"prompt {len(self.prompt_ids)} + --tokens {self.tokens} tokens exceed "
@@ -265,16 +274,14 @@ def run_one(
     t0 = time.perf_counter()
     if cond.method == "cgroup":
         with limits.MemoryCgroup(int(cond.cap_mb * MB)) as cg:
-            rc, out, err = _spawn(cmd, cg.preexec, settings.timeout_s)
+            rc, out, err = _spawn(cmd, cg.preexec, settings)
             row["cgroup_peak_mb"] = cg.peak_bytes() / MB
             row["cgroup_failcnt"] = cg.failcnt()
             row["oom_kills"] = cg.oom_kills()
     elif cond.method == "rlimit_data":
-        rc, out, err = _spawn(
-            cmd, limits.rlimit_data_preexec(int(cond.cap_mb * MB)), settings.timeout_s
-        )
+        rc, out, err = _spawn(cmd, limits.rlimit_data_preexec(int(cond.cap_mb * MB)), settings)
     else:
-        rc, out, err = _spawn(cmd, None, settings.timeout_s)
+        rc, out, err = _spawn(cmd, None, settings)
     row["wall_s"] = time.perf_counter() - t0
     result = _result_line(out)
     if rc == 0 and result is not None:
@@ -285,8 +292,9 @@ def run_one(
     return row
 
 
-def _spawn(cmd: list[str], preexec, timeout_s: float) -> tuple[int, str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _spawn(cmd: list[str], preexec, settings: PeerSettings) -> tuple[int, str, str]:
+    timeout_s = settings.timeout_s
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY=settings.omp_wait_policy)
     p = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--io-profile", help="a device probe's I/O profile (JSON): bandwidth for the I/O ceiling"
     )
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=("PASSIVE", "ACTIVE"),
+        default="PASSIVE",
+        help="OpenMP idle workers of both engines: block (PASSIVE, sdq's default) or spin",
+    )
     p.add_argument("--timeout-s", type=float, default=900.0, help="limit per child run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -72,6 +78,7 @@ def run(args) -> int:
         reserve_mb=args.reserve_mb,
         sdq_cache_mode=args.sdq_cache_mode,
         io_threads=args.io_threads,
+        omp_wait_policy=args.omp_wait_policy,
         timeout_s=args.timeout_s,
     )
     bandwidth = probe_bandwidth(args.io_profile) if args.io_profile else None
@@ -112,8 +119,8 @@ def format_result(res) -> str:
     s = res.settings
     lines = [
         f"{s['model']}: prompt {len(s['prompt_ids'])} tokens, {s['tokens']} generated, "
-        f"-t {s['threads']}, median of runs per row; caps by {res.limit_method} "
-        f"({res.limit_note})",
+        f"-t {s['threads']}, OMP_WAIT_POLICY={s['omp_wait_policy']}, median of runs per row; "
+        f"caps by {res.limit_method} ({res.limit_note})",
         f"{'condition':22s} {'system':11s} {'decode tok/s':>12s} {'prefill tok/s':>13s} "
         f"{'dev MB/tok':>10s} {'peak RSS MB':>11s} {'cgroup MB':>9s} {'ceiling':>8s}  status",
     ]
