@@ -286,7 +286,10 @@ def _mm_q4_0(raw, rows, cols, qs, d, out, nch):
 # portable kernels' bit for bit (Q8_0/Q4_0: the portable kernels sum per lane, see above).
 
 
-PREFETCH_AHEAD = 1024  # bytes: the SIMD kernels ask for the weights ~1 KB ahead of use
+# Bytes: the SIMD kernels ask for the weights this far ahead of use. Measured here (1 thread,
+# CPU time, decode matvec): 1 KB -> 4 KB made the 255 MB Q6_K output head 1.44x faster and
+# cold expert matrices ~1.2x; 8 KB another ~1.05x on experts; 16 KB no better.
+PREFETCH_AHEAD = 8192
 
 
 @inline
