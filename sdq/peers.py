@@ -529,9 +529,12 @@ def _provenance(settings: PeerSettings) -> dict:
         llama_version = metadata.version("llama_cpp_python")
     except metadata.PackageNotFoundError:
         llama_version = None
+    from sdq.bench.llama_ref import LLAMA_SETTINGS_NOTE
+
     return {
         "model_bytes": os.path.getsize(settings.model),
         "llama_cpp_python": llama_version,
+        "llama_settings": LLAMA_SETTINGS_NOTE,
         "cpus": os.cpu_count(),
         "python": sys.executable,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -120,7 +120,7 @@ def format_result(res) -> str:
     lines = [
         f"{s['model']}: prompt {len(s['prompt_ids'])} tokens, {s['tokens']} generated, "
         f"-t {s['threads']}, OMP_WAIT_POLICY={s['omp_wait_policy']}, median of runs per row; "
-        f"caps by {res.limit_method} ({res.limit_note})",
+        f"caps by {res.limit_method} ({res.limit_note}); {res.provenance['llama_settings']}",
         f"{'condition':22s} {'system':11s} {'decode tok/s':>12s} {'prefill tok/s':>13s} "
         f"{'dev MB/tok':>10s} {'peak RSS MB':>11s} {'cgroup MB':>9s} {'ceiling':>8s}  status",
     ]
