@@ -4,7 +4,10 @@ For each case (the decode-time shapes of the seed-shaped mini model) it times
 ``matvec_q`` (activations already quantized, as the engine does for gate and up) and
 ``matvec`` (quantizing x inside), median of repeats, and prints the weight bytes streamed
 per second, weights per second, and the ratio to NumPy's float32 BLAS matrix-vector product
-on the same weights dequantized (which streams 4 bytes per weight).
+on the same weights dequantized (which streams 4 bytes per weight). ``-T N`` times products
+with N activation rows instead (prefill; weights per second then count every token). The
+``cpu us`` column is the process CPU time per call: on a busy machine the wall time also
+counts time spent descheduled.
 
 Weights are random blocks with sane scales, resident in RAM. The expert cases cycle through
 ``--set`` different matrices (64 by default, like one layer's experts) so each call reads a
@@ -38,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="set_size", type=int, default=None, help="matrices per set")
     p.add_argument("--no-numpy", action="store_true", help="skip the float32 BLAS reference")
     p.add_argument(
+        "-T",
+        "--tokens-per-call",
+        type=int,
+        default=1,
+        help="activation rows per product (1 = decode matvec; e.g. 6 or 50 for prefill)",
+    )
+    p.add_argument(
         "--decode",
         action="store_true",
         help="instead: one decode token of the mini model's kernel calls (no engine), tok/s",
@@ -46,12 +56,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _median_time(fn, repeats: int) -> float:
+    return _times(fn, repeats)[0]
+
+
+def _times(fn, repeats: int) -> tuple[float, float]:
+    """(median wall seconds, mean process CPU seconds) per call. On a busy machine the wall
+    time includes time spent descheduled; the CPU time does not."""
     times = []
+    c0 = time.process_time()
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), (time.process_time() - c0) / repeats
 
 
 def _random_matrix(rng, qt, rows, cols):
@@ -170,27 +187,28 @@ def _case(args, rng, name: str) -> str:
     import numpy as np
     from gguf import GGMLQuantizationType as QT
 
-    from sdq.kernels import dequantize, matvec, matvec_q, quantize_activation
+    from sdq.kernels import dequantize, matmul, matmul_q, quantize_activation
 
     qname, rows, cols, nset = CASES[name]
     nset = args.set_size or nset
     qt = QT[qname]
+    T = args.tokens_per_call
     mats = [_random_matrix(rng, qt, rows, cols) for _ in range(nset)]
-    x = rng.standard_normal(cols).astype(np.float32)
-    out = np.empty(rows, np.float32)
+    x = rng.standard_normal((T, cols)).astype(np.float32)  # [T, cols]
+    out = np.empty((T, rows), np.float32)  # [T, rows]
     qx = quantize_activation(x, qt)
     state = {"i": 0}
 
     def call_q():
-        matvec_q(mats[state["i"] % nset], qt, rows, cols, qx, out)
+        matmul_q(mats[state["i"] % nset], qt, rows, cols, qx, out)
         state["i"] += 1
 
     def call_full():
-        matvec(mats[state["i"] % nset], qt, rows, cols, x, out)
+        matmul(mats[state["i"] % nset], qt, rows, cols, x, out)
         state["i"] += 1
 
     call_q()  # compile / first touch
-    t_q = _median_time(call_q, args.repeats)
+    t_q, cpu_q = _times(call_q, args.repeats)
     t_full = _median_time(call_full, args.repeats)
     nbytes = mats[0].nbytes
     t_np = float("nan")
@@ -198,15 +216,15 @@ def _case(args, rng, name: str) -> str:
         wf = [dequantize(m, qt, rows, cols) for m in mats[: min(nset, 8)]]
 
         def call_np():
-            np.dot(wf[state["i"] % len(wf)], x, out=out)
+            np.dot(x, wf[state["i"] % len(wf)].T, out=out)
             state["i"] += 1
 
         call_np()
         t_np = _median_time(call_np, args.repeats)
     return (
-        f"{name:16} {rows:>6}x{cols:<6} {nset:>4} {t_q * 1e6:>9.0f} {nbytes / t_q / 1e9:>7.2f} "
-        f"{rows * cols / t_q / 1e9:>6.2f} {t_full * 1e6:>9.0f} {t_np * 1e6:>12.0f} "
-        f"{t_np / t_q:>7.2f}"
+        f"{name:16} {rows:>6}x{cols:<6} {nset:>4} {t_q * 1e6:>9.0f} {cpu_q * 1e6:>8.0f} "
+        f"{nbytes / t_q / 1e9:>7.2f} {rows * cols * T / t_q / 1e9:>6.2f} {t_full * 1e6:>9.0f} "
+        f"{t_np * 1e6:>12.0f} {t_np / t_q:>7.2f}"
     )
 
 
@@ -220,12 +238,13 @@ def run(args) -> int:
         numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     print(
-        f"threads={numba.get_num_threads()}  repeats={args.repeats}  (median; shared machine: "
-        "timings are noisy)"
+        f"threads={numba.get_num_threads()}  tokens per call={args.tokens_per_call}  "
+        f"repeats={args.repeats}  (wall: median; cpu: mean process CPU time per call; "
+        "shared machine: timings are noisy)"
     )
     print(
-        f"{'case':16} {'shape':>13} {'set':>4} {'us/call':>9} {'GB/s':>7} {'Gw/s':>6} "
-        f"{'+quant us':>9} {'numpy f32 us':>12} {'speedup':>7}"
+        f"{'case':16} {'shape':>13} {'set':>4} {'us/call':>9} {'cpu us':>8} {'GB/s':>7} "
+        f"{'Gw/s':>6} {'+quant us':>9} {'numpy f32 us':>12} {'speedup':>7}"
     )
     for name in args.cases.split(","):
         print(_case(args, rng, name), flush=True)
