@@ -188,16 +188,19 @@ def _cgroup_preexec(procs_path: str):
 # -- page cache ----------------------------------------------------------------------------------
 
 
-def file_resident_fraction(path: str | os.PathLike) -> float:
-    """Share of the file's pages in the page cache now (mincore over a read-only mapping)."""
+def file_resident_fraction(path: str | os.PathLike, ranges=None) -> float:
+    """Share of the file's pages in the page cache now (mincore over a read-only mapping);
+    with `ranges` [(offset, length), ...], of those byte ranges only (weighted by length)."""
     from sdq import _io
 
     size = os.path.getsize(path)
-    if size == 0:
+    ranges = [(0, size)] if ranges is None else [(o, n) for o, n in ranges if n > 0]
+    total = sum(n for _, n in ranges)
+    if total == 0:
         return 0.0
     fd = os.open(path, os.O_RDONLY)
     try:
-        return float(_io.resident_fraction(fd, 0, size))
+        return sum(float(_io.resident_fraction(fd, o, n)) * n for o, n in ranges) / total
     finally:
         os.close(fd)
 

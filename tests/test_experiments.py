@@ -276,3 +276,30 @@ def test_cli_takes_suite_settings_from_the_notebook_sections(tmp_path):
     args = p.parse_args([*base, "--limit", "rlimit_data", "--repeat", "5"])
     mem = cmd._settings(args, "memory")
     assert (mem.limits, mem.reserve_limit, mem.repeat) == (("rlimit_data",), "rlimit_data", 5)
+
+
+def test_a_run_that_found_the_file_cached_is_not_cold_and_left_out_of_medians():
+    from sdq.experiments.summary import is_cold, runs_frame
+
+    def row(before, after, mode="dontneed", file_cache="dropped", v=1.0):
+        return {
+            "key": "A|1",
+            "repeat": 0,
+            "label": "A",
+            "status": "ok",
+            "error_kind": "",
+            "error": "",
+            "file_cache": file_cache,
+            "cached_before": before,
+            "cached_after": after,
+            "result": {"cache_mode": mode, "decode_tok_s": v},
+        }
+
+    assert is_cold(row(0.0, 0.0)) is True
+    assert is_cold(row(0.97, 0.0)) is False  # another process held the pages at the start
+    assert is_cold(row(0.0, 0.9)) is False  # dontneed leaves nothing: someone else read it
+    assert is_cold(row(0.0, 0.9, mode="pagecache")) is True  # its own reads stay cached
+    assert is_cold(row(0.9, 0.9, file_cache="untouched")) is None
+    frame = runs_frame([row(0.0, 0.0, v=2.0), row(0.97, 0.97, v=9.0), row(0.0, 0.01, v=4.0)])
+    t = summarize(frame, ["label"], ["decode_tok_s"])
+    assert (t.loc[0, "ok"], t.loc[0, "not cold"], t.loc[0, "decode_tok_s"]) == (2, 1, 3.0)

@@ -39,5 +39,6 @@ def run_suite(
         progress=progress,
         timeout_s=settings.timeout_s,
         system_drop=system_drop,
+        cold_wait_s=settings.cold_wait_s,
         desc=suite,
     )

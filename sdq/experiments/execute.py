@@ -23,6 +23,7 @@ the budget cannot hold the minimum), "timeout" when it ran past the time limit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -37,6 +38,9 @@ from sdq import limits
 from sdq.experiments.config import RunConfig
 
 POLL_S = 0.02
+COLD_SHARE = 0.05  # a run is cold when at most this share of the file is cached at its start
+DROP_WAIT_S = 60.0  # how long to keep dropping pages another process holds before a run
+DROP_RETRY_S = 2.0
 # /proc/<pid>/status fields polled: peak RSS (kernel high-water mark), its anonymous and file
 # parts (largest seen), the data segment RLIMIT_DATA counts, swap
 VM_FIELDS = ("VmHWM", "RssAnon", "RssFile", "VmData", "VmSwap")
@@ -46,10 +50,14 @@ BULKY = ("text", "prompt", "prompt_ids", "generated_ids", "token_ms")
 
 
 def run_config(
-    config: RunConfig, repeat: int, timeout_s: float = 900.0, system_drop: bool = False
+    config: RunConfig,
+    repeat: int,
+    timeout_s: float = 900.0,
+    system_drop: bool = False,
+    cold_wait_s: float = DROP_WAIT_S,
 ) -> dict:
     """Runs the configuration once; returns its journal row."""
-    cached_before = _prepare_cache(config, system_drop)
+    cached_before = _prepare_cache(config, system_drop, cold_wait_s)
     cgroup = None
     if config.limit.method == "cgroup":
         cgroup = limits.MemoryCgroup(config.limit.limit_bytes)
@@ -76,6 +84,10 @@ def run_config(
     finally:
         if cgroup is not None:
             cgroup.close()
+    # share of the routed experts' bytes cached right after the run: with dontneed / direct
+    # reads the run leaves none of them (its dense weights, read once at load, do stay), so a
+    # high share means another process read the file meanwhile (not a cold run)
+    cached_after = limits.file_resident_fraction(config.model, expert_ranges(config.model))
     result = _parse(stdout) if rc == 0 else None
     status, kind, error = classify(rc, stderr, timed_out, cg.get("cgroup_oom_kills", 0), result)
     row = {
@@ -93,6 +105,7 @@ def run_config(
         "peak_data_mb": peaks["VmData"] / 1024 or None,
         "swap_mb": peaks["VmSwap"] / 1024,
         "cached_before": cached_before,
+        "cached_after": cached_after,
         "started": started,
         **cg,
         "result": _compact(result) if result is not None else None,
@@ -100,12 +113,37 @@ def run_config(
     return row
 
 
-def _prepare_cache(config: RunConfig, system_drop: bool) -> float:
-    """Drops, warms or leaves the model file's pages; returns the share cached at the start."""
+@functools.lru_cache(maxsize=8)
+def expert_ranges(model: str) -> tuple[tuple[int, int], ...]:
+    """(offset, length) of each routed-expert tensor of the model (one per layer and part)."""
+    from sdq.gguf import open_model
+
+    table = open_model(model).require_experts()
+    last = table.n_expert - 1
+    return tuple(
+        (
+            int(table.offsets[r, 0, p]),
+            int(table.offsets[r, last, p] + table.nbytes[r, last, p] - table.offsets[r, 0, p]),
+        )
+        for r in range(len(table.layers))
+        for p in range(3)
+    )
+
+
+def _prepare_cache(config: RunConfig, system_drop: bool, cold_wait_s: float) -> float:
+    """Drops, warms or leaves the model file's pages; returns the share cached at the start.
+
+    Pages another process has mapped cannot be dropped: the drop is retried every DROP_RETRY_S
+    for up to cold_wait_s, then the run starts anyway and `cached_before` tells the reader."""
     if config.file_cache == "dropped":
-        if system_drop:
-            limits.drop_system_cache()
-        return limits.drop_file_cache(config.model)
+        deadline = time.monotonic() + cold_wait_s
+        while True:
+            if system_drop:
+                limits.drop_system_cache()
+            cached = limits.drop_file_cache(config.model)
+            if cached <= COLD_SHARE or time.monotonic() > deadline:
+                return cached
+            time.sleep(DROP_RETRY_S)
     if config.file_cache == "untouched":
         return limits.file_resident_fraction(config.model)
     with open(config.model, "rb") as f:  # warm: read the whole file once through the cache

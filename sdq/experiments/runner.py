@@ -29,6 +29,7 @@ def run_sweep(
     progress: bool = True,
     timeout_s: float = 900.0,
     system_drop: bool = False,
+    cold_wait_s: float = 60.0,
     execute: Callable[..., dict] = run_config,
     desc: str = "",
 ) -> list[dict]:
@@ -55,7 +56,9 @@ def run_sweep(
     try:
         for r, c in todo:
             bar.set_postfix_str(f"repeat {r + 1}/{repeat}: {c.label}", refresh=True)
-            row = execute(c, r, timeout_s=timeout_s, system_drop=system_drop)
+            row = execute(
+                c, r, timeout_s=timeout_s, system_drop=system_drop, cold_wait_s=cold_wait_s
+            )
             journal.append(row)
             bar.update(1)
     finally:

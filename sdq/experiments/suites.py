@@ -59,6 +59,7 @@ class Settings:
     reserve_mb: float = 64.0  # the plan's head room in the I/O suites (and the budget's)
     cache_mode: str = "dontneed"  # how the pager reads (`sdq chat --cache-mode`)
     file_cache: str = "dropped"  # the model file's pages before each run: dropped or warm
+    cold_wait_s: float = 30.0  # keep dropping the file's pages this long if another process holds
     profile_all: bool = True  # every I/O-suite chat also reports its op profile (--profile)
     # io, threads (T4)
     serial_io_threads: int = 8

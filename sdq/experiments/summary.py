@@ -39,6 +39,7 @@ def run_record(row: dict) -> dict:
     rec["cache_mode"] = res.get("cache_mode", rec.get("cache_mode"))
     rec["peak_rss_mb_reported"] = res.get("peak_rss_mb")  # the chat's own ru_maxrss figure
     rec["generated_digest"] = res.get("generated_digest")
+    rec["cold"] = is_cold(row)
     plan = (res.get("settings") or {}).get("plan") or {}
     for src, dst in (
         ("ram_budget_bytes", "plan_budget_mb"),
@@ -50,6 +51,21 @@ def run_record(row: dict) -> dict:
     ):
         rec[dst] = plan[src] / MB if src in plan else None
     return rec
+
+
+def is_cold(row: dict, share: float = 0.05) -> bool | None:
+    """Did a run meant to be cold read from the device? None when it was not meant to be.
+
+    Cold: at most `share` of the model file cached when it started, and (reads that leave no
+    pages behind: dontneed, direct) at most that much right after it, so no other process
+    brought the file into the page cache meanwhile."""
+    if row.get("file_cache") != "dropped":
+        return None
+    before = row.get("cached_before") or 0.0
+    after = row.get("cached_after")
+    mode = ((row.get("result") or {}).get("cache_mode")) or ""
+    leaves_pages = mode == "pagecache"
+    return before <= share and (leaves_pages or after is None or after <= share)
 
 
 def runs_frame(rows: Iterable[dict]):
@@ -71,7 +87,8 @@ def spread(values: Sequence[float]) -> dict:
 
 def summarize(records, by: Sequence[str], metrics: Sequence[str], spread_of: Sequence[str] = ()):
     """One row per configuration (grouped by the `by` columns, in first-seen order): runs, ok
-    runs, runs sdq refused (its one-line error, e.g. PlanError), crashes (died: MemoryError,
+    runs (a run meant to be cold that was not, column `not cold`, is left out of them and of the
+    medians), runs sdq refused (its one-line error, e.g. PlanError), crashes (died: MemoryError,
     killed by the limit, timeout ...), the first error, the median of each metric over ok
     runs, and min / max / spread columns for the metrics in `spread_of`."""
     import pandas as pd
@@ -82,6 +99,10 @@ def summarize(records, by: Sequence[str], metrics: Sequence[str], spread_of: Seq
         keys = keys if isinstance(keys, tuple) else (keys,)
         row = dict(zip(by, keys, strict=True))
         ok = g[g["status"] == "ok"]
+        if "cold" in g:  # a run meant to be cold that found the file cached is left out
+            warm = ok["cold"].eq(False)
+            row["not cold"] = int(warm.sum())
+            ok = ok[~warm]
         row["runs"] = len(g)
         row["ok"] = len(ok)
         bad = g[g["status"] != "ok"]
