@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    import sdq.engine  # noqa: F401  (load what `sdq chat` has loaded when it plans: Numba, LLVM)
     from sdq.gguf import open_model
     from sdq.memory import DEFAULT_RESERVE_MB, plan_memory
 
