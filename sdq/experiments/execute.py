@@ -84,9 +84,9 @@ def run_config(
     finally:
         if cgroup is not None:
             cgroup.close()
-    # share of the routed experts' bytes cached right after the run: with dontneed / direct
-    # reads the run leaves none of them (its dense weights, read once at load, do stay), so a
-    # high share means another process read the file meanwhile (not a cold run)
+    # share of the routed experts' bytes cached right after the run (its dense weights, read
+    # once at load, are left out): pages another process read meanwhile, and pages the kernel
+    # read ahead around the run's own buffered reads, which DONTNEED on a segment does not drop
     cached_after = limits.file_resident_fraction(config.model, expert_ranges(config.model))
     result = _parse(stdout) if rc == 0 else None
     status, kind, error = classify(rc, stderr, timed_out, cg.get("cgroup_oom_kills", 0), result)

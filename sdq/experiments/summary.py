@@ -54,18 +54,16 @@ def run_record(row: dict) -> dict:
 
 
 def is_cold(row: dict, share: float = 0.05) -> bool | None:
-    """Did a run meant to be cold read from the device? None when it was not meant to be.
+    """Did a run meant to be cold start with the model file out of the page cache (at most
+    `share` of it cached)? None when it was not meant to be cold.
 
-    Cold: at most `share` of the model file cached when it started, and (reads that leave no
-    pages behind: dontneed, direct) at most that much right after it, so no other process
-    brought the file into the page cache meanwhile."""
+    Only the start is judged: `cached_after` (the experts' bytes cached right after the run) is
+    recorded too, but the run's own buffered reads leave pages read ahead around each segment
+    that DONTNEED on the segment does not drop, so it cannot tell another process's reads apart.
+    """
     if row.get("file_cache") != "dropped":
         return None
-    before = row.get("cached_before") or 0.0
-    after = row.get("cached_after")
-    mode = ((row.get("result") or {}).get("cache_mode")) or ""
-    leaves_pages = mode == "pagecache"
-    return before <= share and (leaves_pages or after is None or after <= share)
+    return (row.get("cached_before") or 0.0) <= share
 
 
 def runs_frame(rows: Iterable[dict]):
