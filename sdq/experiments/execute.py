@@ -85,8 +85,8 @@ def run_config(
         if cgroup is not None:
             cgroup.close()
     # share of the routed experts' bytes cached right after the run (its dense weights, read
-    # once at load, are left out): pages another process read meanwhile, and pages the kernel
-    # read ahead around the run's own buffered reads, which DONTNEED on a segment does not drop
+    # once at load, are left out): pages another process read meanwhile, or pages the run
+    # itself left behind
     cached_after = limits.file_resident_fraction(config.model, expert_ranges(config.model))
     result = _parse(stdout) if rc == 0 else None
     status, kind, error = classify(rc, stderr, timed_out, cg.get("cgroup_oom_kills", 0), result)

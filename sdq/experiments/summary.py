@@ -58,8 +58,7 @@ def is_cold(row: dict, share: float = 0.05) -> bool | None:
     `share` of it cached)? None when it was not meant to be cold.
 
     Only the start is judged: `cached_after` (the experts' bytes cached right after the run) is
-    recorded too, but the run's own buffered reads leave pages read ahead around each segment
-    that DONTNEED on the segment does not drop, so it cannot tell another process's reads apart.
+    recorded too, but it cannot tell another process's reads from pages the run itself left.
     """
     if row.get("file_cache") != "dropped":
         return None
