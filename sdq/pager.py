@@ -395,21 +395,26 @@ class ExpertCache:
             self._check_open()
             self._harvest()
             new: list[_Entry] = []
-            for e in ids:
-                key = (row, e)
-                if key in self._entries:
-                    continue
-                try:
-                    entry = self._admit(row, key)
-                except PlanError:
-                    break
-                entry.prefetched = True
-                new.append(entry)
-            if new:
-                batch = self._submit(row, [en.key[1] for en in new], [en.slot for en in new])
-                for g, entry in enumerate(new):
-                    entry.pending = (batch, g)
-                self._counters["prefetches"] += len(new)
+            try:
+                for e in ids:
+                    key = (row, e)
+                    if key in self._entries:
+                        continue
+                    try:
+                        entry = self._admit(row, key)
+                    except PlanError:
+                        break
+                    entry.prefetched = True
+                    entry.pins = 1  # until its read is submitted: a later id must not evict it
+                    new.append(entry)
+                if new:
+                    batch = self._submit(row, [en.key[1] for en in new], [en.slot for en in new])
+                    for g, entry in enumerate(new):
+                        entry.pending = (batch, g)
+                    self._counters["prefetches"] += len(new)
+            finally:
+                for entry in new:
+                    entry.pins = 0
             return len(new)
 
     def log_route(self, phase: str, pos: int, layer: int, experts, weights=()) -> None:

@@ -1,0 +1,70 @@
+"""What a next-layer expert prefetch relies on from the pager: a prefetch never takes a pinned
+slot, and the experts of one prefetch never share a slot.
+
+Dimension key: E experts per layer, K used per token (engine_support.Dims: 12, 3).
+"""
+
+import pytest
+from engine_support import Dims, write_model
+from gguf.constants import GGMLQuantizationType as Q
+
+from sdq.gguf import open_model
+from sdq.memory import plan_for_slots
+from sdq.pager import ExpertCache
+
+
+@pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "q8.gguf"
+    return open_model(write_model(path, Dims(), qtype=Q.Q8_0, seed=3))
+
+
+def file_bytes(model, layer, expert):
+    with open(model.path, "rb") as f:
+        parts = []
+        for part in range(3):
+            seg = model.experts.segment(layer, expert, part)
+            f.seek(seg.offset)
+            parts.append(f.read(seg.nbytes))
+        return parts
+
+
+def test_prefetch_never_takes_a_pinned_slot(q8_model):
+    K, E = q8_model.spec.n_expert_used, q8_model.spec.n_expert
+    pinned = [1, 4, 7]
+    with ExpertCache(q8_model, plan_for_slots(q8_model, K + 2)) as cache:
+        handle = cache.acquire(0, pinned)
+        handle.wait_all()
+        # all 12 experts of the next layer with 2 slots unpinned: 2 reads start, and no later
+        # id takes the slot of an earlier one (that would put two reads into one slot)
+        started = cache.prefetch(1, range(E))
+        assert started == 2
+        assert sorted(cache.cached(0)) == pinned
+        assert len(cache.cached(1)) == 2
+        for i, e in enumerate(pinned):
+            got = [view.tobytes() for view in handle.views(i)]
+            assert got == file_bytes(q8_model, 0, e)
+        cache.release(handle)
+        stats = cache.stats
+    assert stats["prefetches"] == 2 and stats["lookups"] == K
+
+
+def test_prefetched_experts_hold_their_own_bytes(q8_model):
+    """Prefetches into a nearly full arena, then acquires what they left cached: every slot
+    holds the expert its entry names (a slot read twice would mix two experts)."""
+    K, E = q8_model.spec.n_expert_used, q8_model.spec.n_expert
+    with ExpertCache(q8_model, plan_for_slots(q8_model, K + 2)) as cache:
+        for layer in range(3):
+            handle = cache.acquire(layer, [0, 5, 9])
+            handle.wait_all()
+            cache.prefetch((layer + 1) % 3, range(E))
+            cache.release(handle)
+            nxt = (layer + 1) % 3
+            ids = cache.cached(nxt)
+            assert ids
+            check = cache.acquire(nxt, ids)
+            check.wait_all()
+            for i, e in enumerate(ids):
+                assert [v.tobytes() for v in check.views(i)] == file_bytes(q8_model, nxt, e)
+            cache.release(check)
+        assert cache.stats["prefetch_hits"] > 0
