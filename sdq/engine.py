@@ -384,7 +384,6 @@ class Engine:
 
         self._layer = il
         out = ws.ffn_out[:T]  # [T, D]
-        out[:] = 0.0
         wait_s = 0.0
         # a prefill ubatch may route to more experts than the arena can pin at once
         step = int(getattr(self.experts, "max_acquire", len(union)) or len(union))
@@ -399,13 +398,18 @@ class Engine:
                     self._expert(int(chunk[i]), handle.views(i), ids, weights, T, acts)
             finally:
                 self.experts.release(handle)
+        parts = ws.ffn_parts[:T]  # [T, K, D]
+        out[:] = parts[:, 0]
+        for k in range(1, K):  # top-K order: the sum does not depend on which experts were hits
+            out += parts[:, k]
         x += out
         t2 = time.perf_counter()
         self.timers.add("io_wait", wait_s)
         self.timers.add("expert_compute", t2 - t1 - wait_s)
 
     def _expert(self, e: int, views, ids, weights, T: int, acts: Activations) -> None:
-        """ffn_out[t] += w[t] * down(silu(gate x_t) * up x_t) for the tokens t routed to e.
+        """ffn_parts[t, k] = w[t, k] * down(silu(gate x_t) * up x_t) for the tokens t routed to
+        e, k being e's place in t's top-K.
 
         acts: the layer's normed input xn [T, D], converted once for every expert (decode)."""
         ws = self.ws
@@ -414,7 +418,8 @@ class Engine:
         gate_raw, up_raw, down_raw = views
         if T == 1:
             rows = slice(0, 1)
-            w = weights[0, int(np.flatnonzero(ids[0] == e)[0])]
+            slots = int(np.flatnonzero(ids[0] == e)[0])
+            w = weights[0, slots]
             n = 1
         else:
             rows, slots = np.nonzero(ids == e)  # tokens routed to e, and where in their top-K
@@ -429,7 +434,7 @@ class Engine:
         ops.silu_mul(g, u)
         matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d)
         d *= w
-        ws.ffn_out[rows] += d  # rows are distinct: a token picks an expert at most once
+        ws.ffn_parts[rows, slots] = d  # a token picks an expert at most once
 
 
 def _expert_shapes(spec):

@@ -47,6 +47,9 @@ def workspace_layout(spec, n_ctx: int, n_ubatch: int) -> dict[str, tuple[tuple[i
         "ffn_gate": ((T, F), np.float32),  # gate projection, then silu(gate) * up
         "ffn_up": ((T, F), np.float32),
         "ffn_down": ((T, D), np.float32),  # one expert's down projection
+        # each token's K weighted expert outputs, in top-K order, whatever order the experts
+        # were computed in (hits first, misses as their reads land): summed in that fixed order
+        "ffn_parts": ((T, K, D), np.float32),
         "ffn_out": ((T, D), np.float32),  # weighted sum over the experts
         "logits": ((V,), np.float32),
     }

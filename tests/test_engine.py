@@ -68,15 +68,18 @@ def test_ubatch_split_does_not_change_logits(f32_model, n_ubatch):
     assert rel_err(got, base) < 1e-5
 
 
-def test_paged_experts_give_the_resident_logits(q8_model):
-    base, _ = run(q8_model, TOKENS[:20], 8)
+@pytest.mark.parametrize("n_ubatch", [1, 8])
+def test_paged_experts_give_the_resident_logits(q8_model, n_ubatch):
+    base, _ = run(q8_model, TOKENS[:20], n_ubatch)
     spec = q8_model.spec
     # fewer slots than one prefill ubatch's union of experts: acquires in chunks, evicts
     plan = plan_for_slots(q8_model, spec.n_expert_used + 2)
     with ExpertCache(q8_model, plan) as cache:
-        got, _ = run(q8_model, TOKENS[:20], 8, experts=cache)
+        got, _ = run(q8_model, TOKENS[:20], n_ubatch, experts=cache)
         stats = cache.stats
-    assert rel_err(got, base) < 1e-5  # same kernels; only the order of the expert sum differs
+    # same kernels, and each token's experts are summed in top-K order whatever order their
+    # reads finished in: identical to the bit
+    assert np.array_equal(got, base)
     assert stats["misses"] > 0 and stats["evictions"] > 0
     assert stats["lookups"] == stats["hits"] + stats["misses"]
 
@@ -114,3 +117,15 @@ def test_workspace_is_what_the_plan_counts(f32_model):
     spec = f32_model.spec
     ws = Workspace.allocate(spec, 64, 16)
     assert ws.nbytes == sum(workspace_bytes(spec, 64, 16).values())
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 8])
+def test_expert_sum_does_not_depend_on_compute_order(f32_model, monkeypatch, n_ubatch):
+    """Hits are computed first and misses as their reads land, so the order varies with the
+    cache; each token's experts are still summed in top-K order, giving the same bits."""
+    import sdq.engine as engine_module
+
+    base, _ = run(f32_model, TOKENS[:16], n_ubatch)
+    monkeypatch.setattr(engine_module, "_ready_order", lambda handle, n: list(range(n))[::-1])
+    got, _ = run(f32_model, TOKENS[:16], n_ubatch)
+    assert np.array_equal(got, base)
