@@ -9,7 +9,7 @@ Figures (names as in DESIGN.md):
                     expert matmuls, each per decode forward pass
     hit_rate        expert lookups served from RAM / all lookups, during decode
     ssd_mb_per_token  bytes read from the model file during decode / decode forward passes
-    peak_rss_mb, swap_mb  from the OS (ru_maxrss; VmSwap of this process)
+    peak_rss_mb, swap_mb  from the OS (VmHWM and VmSwap of this process)
 
 The first generated token comes from the prefill's logits; each later one needs a forward pass
 of the token before it, so n generated tokens cost n - 1 decode passes (none when the first
@@ -138,17 +138,34 @@ def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=
 
 
 def memory_figures() -> dict:
-    """peak_rss_mb (ru_maxrss, KiB on Linux) and swap_mb (VmSwap of this process)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    swap = 0.0
+    """peak_rss_mb and swap_mb (MiB) of this process, from VmHWM and VmSwap.
+
+    VmHWM, not getrusage's ru_maxrss: a process started by fork + exec inherits its parent's
+    high-water mark in ru_maxrss, so a small `sdq chat` launched from a large notebook kernel
+    would report the kernel's peak."""
+    status = _proc_status_kib(("VmHWM", "VmSwap"))
+    peak = status.get("VmHWM")
+    if peak is None:  # no /proc: fall back to ru_maxrss (KiB on Linux)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak_rss_mb": peak / 1024, "swap_mb": status.get("VmSwap", 0) / 1024}
+
+
+def peak_rss_bytes() -> int:
+    return int(memory_figures()["peak_rss_mb"] * 1024 * 1024)
+
+
+def _proc_status_kib(keys) -> dict[str, int]:
+    """The `kB` fields `keys` of /proc/self/status; missing ones are left out."""
+    found = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmSwap:"):
-                    swap = int(line.split()[1]) / 1024
+                name, _, value = line.partition(":")
+                if name in keys:
+                    found[name] = int(value.split()[0])
     except OSError:
         pass
-    return {"peak_rss_mb": peak, "swap_mb": swap}
+    return found
 
 
 def _cache_stats(experts) -> dict:

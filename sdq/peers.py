@@ -22,7 +22,7 @@ decode on a busy two-core machine was measured several times slower and far more
 Device bytes come from `/proc/self/io` `read_bytes` read by the child before and after decode
 (bytes the process caused to be fetched from the block device: page faults on the mapping,
 readahead, pread and O_DIRECT alike; page-cache hits count nothing). Peak memory is the child's
-`ru_maxrss` (resident set: anonymous memory plus mapped file pages it touched) and, under a
+VmHWM (resident set: anonymous memory plus mapped file pages it touched) and, under a
 cgroup, the group's `memory.max_usage_in_bytes` (anonymous memory plus charged page cache).
 
 When no cgroup can be made, capped runs fall back to RLIMIT_DATA (sdq.limits), which caps only
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -46,6 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from sdq.errors import ParamsError
+from sdq.generate import peak_rss_bytes
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -570,7 +570,7 @@ def child_main(job: dict) -> dict:
         "prefill_device_mb": prefill_bytes / MB,
         "device_mb_per_token": decode_bytes / MB / n_decode,
         "n_prompt": len(settings.prompt_ids),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB,
+        "peak_rss_mb": peak_rss_bytes() / MB,
         **{k: v for k, v in fig.items() if not k.startswith("io_")},
     }
     runner.close()

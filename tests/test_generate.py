@@ -82,3 +82,17 @@ def test_context_overflow_is_reported_before_running(setup):
         generate(engine_for(model), tok, PROMPT, settings)
     with pytest.raises(SdqError, match="prompt is empty"):
         generate(engine_for(model), tok, [], settings)
+
+
+def test_peak_rss_is_the_process_own_not_its_launchers():
+    """ru_maxrss of a fork + exec child starts at its parent's high-water mark; VmHWM does not."""
+    import subprocess
+    import sys
+
+    from sdq.generate import memory_figures
+
+    ballast = np.ones(400 * 2**20, np.uint8)  # this process's RSS peak grows by 400 MiB
+    code = "from sdq.generate import memory_figures; print(memory_figures()['peak_rss_mb'])"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(child.stdout) < 300 < memory_figures()["peak_rss_mb"]
+    del ballast
