@@ -31,3 +31,24 @@ def test_record_has_every_field(tmp_path):
     for disk in (p["model"]["disk"], p["outputs_disk"]):
         assert disk["fstype"] and disk["mountpoint"] and disk["total_gb"] > 0
     assert p["kernel"]["system"] and p["kernel"]["release"]
+
+
+def test_dirty_ignores_generated_outputs_and_docs(tmp_path):
+    import subprocess
+
+    from sdq.lab.provenance import git_state
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    for rel in ("outputs/t.md", "docs/t.md", "sdq/code.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("a\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (tmp_path / "outputs/t.md").write_text("b\n")
+    (tmp_path / "docs/t.md").write_text("b\n")
+    assert git_state(tmp_path)["dirty"] is False
+    (tmp_path / "sdq/code.py").write_text("b\n")
+    assert git_state(tmp_path) | {"sha": None} == {"sha": None, "dirty": True, "changed_files": 1}

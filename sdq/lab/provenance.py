@@ -32,7 +32,9 @@ PACKAGES = (
 
 
 def git_state(root: Path | None = None) -> dict[str, Any]:
-    """Commit SHA, and whether tracked files differ from it (dirty) and how many."""
+    """Commit SHA, and whether tracked files other than the generated outputs/ and docs/
+    differ from it (dirty) and how many: a reproduce run rewrites outputs/ as it goes, which
+    says nothing about the code that produced them."""
     root = root or repo_root()
 
     def git(*args: str) -> str:
@@ -42,7 +44,11 @@ def git_state(root: Path | None = None) -> dict[str, Any]:
 
     try:
         sha = git("rev-parse", "HEAD")
-        changed = [ln for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+        status = git(
+            "status", "--porcelain", "--untracked-files=no", "--",
+            ".", ":(exclude)outputs", ":(exclude)docs",
+        )  # fmt: skip
+        changed = status.splitlines()
     except (OSError, subprocess.SubprocessError):
         return {"sha": None, "dirty": None, "changed_files": None}
     return {"sha": sha, "dirty": bool(changed), "changed_files": len(changed)}
