@@ -11,6 +11,7 @@ def test_help_lists_commands(capsys):
 
 
 def test_python_dash_m_matches_console_script():
-    proc = subprocess.run([sys.executable, "-m", "sdq", "--version"], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "sdq", "--version"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0
     assert proc.stdout.startswith("sdq ")
