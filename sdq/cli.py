@@ -35,18 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sdq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text in COMMANDS.items():
-        module_name = f"sdq.commands.{name.replace('-', '_')}"
+    add_module_subcommands(sub, "sdq.commands", COMMANDS, "_run")
+    return parser
+
+
+def add_module_subcommands(sub, package: str, table: dict[str, str], run_key: str) -> None:
+    """One subparser per entry of `table` (name -> help), from the module `package`.<name with
+    - replaced by _>: its `add_arguments` fills the parser, its `run` is stored as `run_key`.
+    A module not built into this version is left out."""
+    for name, help_text in table.items():
+        module_name = f"{package}.{name.replace('-', '_')}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name != module_name:
                 raise
-            continue  # command not built into this version
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(command_parser)
-        command_parser.set_defaults(_run=module.run)
-    return parser
+            continue
+        parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(parser)
+        parser.set_defaults(**{run_key: module.run})
 
 
 def main(argv: list[str] | None = None) -> int:

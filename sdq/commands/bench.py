@@ -9,7 +9,6 @@ A benchmark whose module is not in this build is left out.
 from __future__ import annotations
 
 import argparse
-import importlib
 
 BENCHMARKS = {
     "layer-miss": "one layer, all experts miss: read time and GB/s per I/O mode (T3)",
@@ -19,18 +18,10 @@ BENCHMARKS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sdq.cli import add_module_subcommands
+
     sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
-    for name, help_text in BENCHMARKS.items():
-        module_name = f"sdq.bench.{name.replace('-', '_')}"
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        bp = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(bp)
-        bp.set_defaults(_bench=module.run)
+    add_module_subcommands(sub, "sdq.bench", BENCHMARKS, "_bench")
     p.set_defaults(_bench_parser=p)
 
 
