@@ -143,7 +143,9 @@ def memory_figures() -> dict:
     VmHWM, not getrusage's ru_maxrss: a process started by fork + exec inherits its parent's
     high-water mark in ru_maxrss, so a small `sdq chat` launched from a large notebook kernel
     would report the kernel's peak."""
-    status = _proc_status_kib(("VmHWM", "VmSwap"))
+    from sdq.limits import proc_status_kib
+
+    status = proc_status_kib("/proc/self/status", ("VmHWM", "VmSwap"))
     peak = status.get("VmHWM")
     if peak is None:  # no /proc: fall back to ru_maxrss (KiB on Linux)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -152,20 +154,6 @@ def memory_figures() -> dict:
 
 def peak_rss_bytes() -> int:
     return int(memory_figures()["peak_rss_mb"] * 1024 * 1024)
-
-
-def _proc_status_kib(keys) -> dict[str, int]:
-    """The `kB` fields `keys` of /proc/self/status; missing ones are left out."""
-    found = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name in keys:
-                    found[name] = int(value.split()[0])
-    except OSError:
-        pass
-    return found
 
 
 def _cache_stats(experts) -> dict:

@@ -229,3 +229,18 @@ def drop_system_cache() -> bool:
     except OSError:
         return False
     return True
+
+
+def proc_status_kib(path: str, keys) -> dict[str, int]:
+    """The `kB` fields `keys` of a /proc/<pid>/status file; {} when it cannot be read (a
+    process exiting, a zombie, no /proc)."""
+    found = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in keys:
+                    found[name] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return found

@@ -164,27 +164,13 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, dict, bool]:
         if pid == proc.pid:
             proc.returncode = os.waitstatus_to_exitcode(wstatus)
             return proc.returncode, peaks, timed_out
-        for name, kb in _vm_status(status_path).items():
+        for name, kb in limits.proc_status_kib(status_path, VM_FIELDS).items():
             peaks[name] = max(peaks[name], kb)
         if not timed_out and time.monotonic() > deadline:
             timed_out = True
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGKILL)
         time.sleep(POLL_S)
-
-
-def _vm_status(path: str) -> dict[str, int]:
-    """The VM_FIELDS of /proc/<pid>/status in KiB ({} once the process is gone)."""
-    found = {}
-    try:
-        with open(path) as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name in VM_FIELDS:
-                    found[name] = int(rest.split()[0])
-    except (OSError, ValueError, IndexError):
-        pass  # exiting or a zombie: keep the last reading
-    return found
 
 
 def _cgroup_figures(cg: limits.MemoryCgroup) -> dict:
