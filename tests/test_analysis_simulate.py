@@ -17,7 +17,7 @@ from sdq.analysis.simulate import (
 from sdq.errors import ParamsError
 
 ADMIT_ALL = ("lru", "fifo", "lfu", "lrfu")
-ALL = ADMIT_ALL + ("belady", "belady_bypass", "pin", "admit")
+ALL = ADMIT_ALL + ("belady", "belady_bypass", "pin", "admit", "lrfu_bypass")
 
 
 @st.composite
@@ -77,6 +77,10 @@ def test_layer_lrfu_kernel_matches_reference(n_layer, n_expert, tokens, data):
     misses = simulate_groups(groups, m, slots, "layer_lrfu", params)
     assert misses == simulate_groups_ref(groups, m, slots, "layer_lrfu", params)
     assert simulate_groups(groups, m, slots, "belady") <= misses
+    # lrfu_bypass counts age in tokens (n_layer groups) too
+    bypass = simulate_groups(groups, m, slots, "lrfu_bypass", params)
+    assert bypass == simulate_groups_ref(groups, m, slots, "lrfu_bypass", params)
+    assert simulate_groups(groups, m, slots, "belady_bypass") <= bypass
 
 
 @settings(max_examples=150, deadline=None)
@@ -122,7 +126,7 @@ def test_admission_with_one_hit_is_lru_and_cold_start():
     # with room for every key, only first requests miss (cold start), whatever the policy
     keys, counts = np.unique(groups, return_counts=True)
     for policy in ALL:
-        if policy != "admit":
+        if policy not in ("admit", "lrfu_bypass"):
             assert simulate_groups(groups, 12, 12, policy) == len(keys), policy
     # admission after 2 requests: a key misses on its first two requests
     assert simulate_groups(groups, 12, 12, "admit") == int(np.minimum(counts, 2).sum())
@@ -145,3 +149,41 @@ def test_pin_keeps_the_most_requested():
 def test_bad_input_is_a_one_line_error(groups, slots, match):
     with pytest.raises(ParamsError, match=match):
         simulate_groups(groups, 3, slots, "lru")
+
+
+def test_lrfu_bypass_keeps_frequent_keys_where_lru_cycles():
+    # every token visits 4 layers of 3 experts with K=2: the hot expert 0 of each layer is
+    # always routed, the other pick alternates between experts 1 and 2. With 6 slots (fewer
+    # than a token's 8 keys) LRU evicts what comes back next and hits nothing; lrfu_bypass
+    # (4 cache slots + 2 streaming) keeps the four hot experts after a short warm-up.
+    n_layer, n_expert, tokens = 4, 3, 50
+    rows = [
+        [layer * n_expert, layer * n_expert + 1 + t % 2]
+        for t in range(tokens)
+        for layer in range(n_layer)
+    ]
+    groups = np.array(rows)
+    params = PolicyParams(half_life=8.0, n_layer=n_layer, n_expert=n_expert)
+    m = n_layer * n_expert
+    lookups = groups.size
+    assert simulate_groups(groups, m, 6, "lru") == lookups
+    bypass = simulate_groups(groups, m, 6, "lrfu_bypass", params)
+    assert bypass == simulate_groups_ref(groups, m, 6, "lrfu_bypass", params)
+    hot_misses = bypass - lookups // 2  # every alternating pick misses
+    assert 0 < hot_misses <= 3 * n_layer  # the hot experts miss in the first tokens only
+
+
+def test_lrfu_bypass_admits_only_a_stronger_key():
+    # K=1, 2 slots: 1 cache slot + 1 streaming slot; half-life 4 tokens (decay 0.841 a token)
+    params = PolicyParams(half_life=4.0)
+    groups = np.array([[0], [0], [0], [1], [1], [0], [1]])
+    # t0: 0 misses, takes the free slot (score 1); t1, t2: 0 hits (score 2.55 at t2)
+    # t3: 1 misses, score 1.00 vs 0's 2.14: read past the cache
+    # t4: 1 misses, score 1.84 vs 0's 1.80: replaces 0
+    # t5: 0 misses, score 2.51 vs 1's 1.55: replaces 1
+    # t6: 1 misses, score 2.30 vs 0's 2.11: replaces 0  -> 5 misses (LRU, both slots caching: 2)
+    assert simulate_groups(groups, 2, 2, "lrfu_bypass", params) == 5
+    assert simulate_groups_ref(groups, 2, 2, "lrfu_bypass", params) == 5
+    assert simulate_groups(groups, 2, 2, "lru") == 2
+    # without the t6 request: 4 misses, and 1 was bypassed once (t3)
+    assert simulate_groups(groups[:6], 2, 2, "lrfu_bypass", params) == 4

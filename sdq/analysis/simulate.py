@@ -25,6 +25,14 @@ Model of the cache
   lowest score  sum over its past requests of 2^(-age / half_life), age in groups of its scope.
 - `layer_lrfu` (global scope only): evict from the layer whose next visit is farthest, then by
   lrfu score within it: the model's layer order is known to an online cache.
+- `lrfu_bypass`: frequency retention with bypass, for caches smaller than a token's working
+  set (where LRU cycles and hits nothing). K of the `slots` are streaming slots (as the pager
+  lays them out: a bypassed expert needs room while it is used), S - K cache. A key's score
+  is its decayed request count, sum over its requests of 2^(-age / half_life), age in
+  tokens (groups // n_layer). A miss takes a free cache slot if there is one; otherwise it
+  replaces the weakest cached key outside its group (lowest score, then least recently used)
+  only if its own score, this request included, is strictly higher; else it is read past
+  the cache and dropped.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from sdq.errors import ParamsError
 from sdq.kernels.jit import kernel
 
 # policy codes shared by the kernel and the reference
-LRU, FIFO, LFU, BELADY, BELADY_BYPASS, PIN, ADMIT, LRFU, LAYER_LRFU = range(9)
+LRU, FIFO, LFU, BELADY, BELADY_BYPASS, PIN, ADMIT, LRFU, LAYER_LRFU, LRFU_BYPASS = range(10)
 POLICIES = {
     "lru": LRU,
     "fifo": FIFO,
@@ -49,6 +57,7 @@ POLICIES = {
     "admit": ADMIT,
     "lrfu": LRFU,
     "layer_lrfu": LAYER_LRFU,
+    "lrfu_bypass": LRFU_BYPASS,
 }
 NEVER = np.iinfo(np.int64).max  # next request of a key that is never requested again
 
@@ -58,8 +67,8 @@ class PolicyParams:
     """Knobs of the parameterized policies (ignored by the others)."""
 
     min_hits: int = 2  # admit: a key enters the cache from its min_hits-th request on
-    half_life: float = 16.0  # lrfu / layer_lrfu: tokens per halving of a request's weight
-    n_layer: int = 1  # layer_lrfu: layers per token; key // n_expert is its layer
+    half_life: float = 16.0  # lrfu / layer_lrfu / lrfu_bypass: tokens per halving of a request
+    n_layer: int = 1  # layer_lrfu, lrfu_bypass: groups per token; key // n_expert is its layer
     n_expert: int = 1
 
 
@@ -120,6 +129,7 @@ def _simulate_kernel(
     current = np.full(n_keys, -1, dtype=np.int64)  # [M] last group that requested the key
     seen = np.zeros(n_keys, dtype=np.int64)  # [M] requests so far
     decay = 0.5 ** (1.0 / half_life)
+    cap = slots - kk if policy == LRFU_BYPASS else slots  # cache slots (the rest stream)
     used = 0
     misses = 0
     clock = 0
@@ -135,8 +145,8 @@ def _simulate_kernel(
             if k < 0:
                 continue
             seen[k] += 1
-            if policy == LRFU or policy == LAYER_LRFU:
-                t = g // n_layer if policy == LAYER_LRFU else g
+            if policy == LRFU or policy == LAYER_LRFU or policy == LRFU_BYPASS:
+                t = g if policy == LRFU else g // n_layer
                 score[k] = score[k] * decay ** (t - score_t[k]) + 1.0
                 score_t[k] = t
             s = key_slot[k]
@@ -154,9 +164,26 @@ def _simulate_kernel(
             if policy == ADMIT and seen[k] < min_hits:
                 clock += 1
                 continue
-            if used < slots:
+            if used < cap:
                 s = used
                 used += 1
+            elif policy == LRFU_BYPASS:
+                t = g // n_layer
+                victim = -1
+                vs = 0.0
+                for c in range(cap):
+                    ck = slot_key[c]
+                    if current[ck] == g:
+                        continue
+                    sc = score[ck] * decay ** (t - score_t[ck])
+                    if victim < 0 or sc < vs or (sc == vs and stamp[c] < stamp[victim]):
+                        victim = c
+                        vs = sc
+                if victim < 0 or not score[k] > vs:
+                    clock += 1
+                    continue  # read past the cache
+                key_slot[slot_key[victim]] = -1
+                s = victim
             else:
                 victim = -1
                 for c in range(slots):
@@ -235,7 +262,7 @@ def simulate_groups(
         pinned = np.asarray(pinned, dtype=np.bool_)
         if pinned.shape != (n_keys,) or int(pinned.sum()) > slots:
             raise ParamsError(f"pinned set of {int(pinned.sum())} keys does not fit {slots} slots")
-    n_layer = params.n_layer if code == LAYER_LRFU else 1
+    n_layer = params.n_layer if code in (LAYER_LRFU, LRFU_BYPASS) else 1
     return int(
         _simulate_kernel(
             groups,
@@ -273,8 +300,9 @@ def simulate_groups_ref(
     if pinned is None:
         pinned = pin_set(groups, n_keys, slots)
     pinned = set(np.flatnonzero(pinned).tolist())
-    n_layer = params.n_layer if code == LAYER_LRFU else 1
+    n_layer = params.n_layer if code in (LAYER_LRFU, LRFU_BYPASS) else 1
     decay = 0.5 ** (1.0 / params.half_life)
+    capacity = slots - groups.shape[1] if code == LRFU_BYPASS else slots
     cache: dict[int, dict] = {}  # key -> {"stamp", "hits", "next"}
     seen: dict[int, int] = {}
     score: dict[int, tuple[float, int]] = {}
@@ -287,7 +315,7 @@ def simulate_groups_ref(
                 continue
             seen[k] = seen.get(k, 0) + 1
             t = g // n_layer
-            if code in (LRFU, LAYER_LRFU):
+            if code in (LRFU, LAYER_LRFU, LRFU_BYPASS):
                 s, st = score.get(k, (0.0, t))
                 score[k] = (s * decay ** (t - st) + 1.0, t)
             if k in cache:
@@ -302,7 +330,22 @@ def simulate_groups_ref(
             admit = not (code == PIN and k not in pinned) and not (
                 code == ADMIT and seen[k] < params.min_hits
             )
-            if admit and len(cache) >= slots:
+            if code == LRFU_BYPASS:
+                if len(cache) >= capacity:
+
+                    def now(c, t=t):
+                        s, st = score[c]
+                        return s * decay ** (t - st)
+
+                    candidates = [c for c in cache if c not in group]
+                    weakest = min(
+                        candidates, key=lambda c: (now(c), cache[c]["stamp"]), default=None
+                    )
+                    if weakest is not None and score[k][0] > now(weakest):
+                        del cache[weakest]
+                    else:
+                        admit = False
+            elif admit and len(cache) >= slots:
                 candidates = [c for c in cache if c not in group]
                 if code == BELADY:
                     victim = max(candidates, key=lambda c: cache[c]["next"])
