@@ -1,7 +1,9 @@
 """Device probe: read latency and bandwidth vs concurrency and chunking (table T1, seed 000 §1).
 
-Measure the device before tuning the pager. Three sweeps, all through sdq's own pread code
-(`sdq._io`), on random page-aligned offsets of one file:
+Measure the device before tuning the pager. Three sweeps on random page-aligned offsets of one
+file, all read the way the pager reads experts: by its C pread pool (`sdq._io.Pool`) into a
+preallocated arena (`sdq.pager.Arena`), faulted in once and reused — one slot per read in
+flight — so the figures are the engine's own read path, not first-touch page faults:
 
 - levels:  `reads` random reads of `size` bytes (an expert segment) at each thread count:
            median / mean / p90 latency of one read and aggregate MB/s over the level;
@@ -27,11 +29,9 @@ Units: MB = 10**6 bytes, MB/s = bytes / 10**6 / second, latency in ms.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import math
-import mmap
 import os
 import shutil
 import signal
@@ -57,7 +57,6 @@ DEFAULT_SPLIT_BATCH = 24  # seed 000 decode: 8 experts x 3 segments submitted at
 DEFAULT_SCRATCH_BYTES = 1 << 30
 CACHE_MODES = ("direct", "dontneed")
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
-DEST_BYTES = 256 << 20  # destination buffers of one batch, at most (see PoolReader)
 WITHIN = 0.05  # "within 5% of the best" and "helps by more than 5%"
 PROFILE_VERSION = 1
 
@@ -187,6 +186,14 @@ class ProbeSettings:
         if self.cache_mode not in CACHE_MODES:
             raise ParamsError(
                 f"--cache-mode must be one of {', '.join(CACHE_MODES)}, got {self.cache_mode!r}"
+            )
+        top = max((*self.threads, *self.small_threads, self.split_threads or 1))
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        arena = top * _round_up(self.size, PAGE)
+        if arena > ram // 4:
+            raise ParamsError(
+                f"{top} reads in flight x {self.size} B need a {arena} B arena, more than a "
+                f"quarter of RAM ({ram} B); lower --threads or --size"
             )
         if self.path is None:
             positive("--scratch-size", self.scratch_bytes)
@@ -325,63 +332,73 @@ def _cached_share(fd: int, offsets: np.ndarray, length: int) -> float:
 
 
 class PoolReader:
-    """The pager's own C pool (`sdq._io.Pool`): one batch per call, every read its own task.
+    """Reads the way the pager reads: the pager's C pool (`sdq._io.Pool`) into an arena.
 
-    Each read has its own page-aligned, pre-touched destination, as the pager's arena slots
-    are, up to DEST_BYTES in all; beyond that, reads share destinations round-robin (never
-    fewer than one per thread; the bytes are discarded, only the timing is kept). `groups`
-    (one per read by default) only label what a caller waits for.
+    One persistent pool (its thread count set per cell) and one `sdq.pager.Arena` with a slot
+    per read in flight, allocated and faulted in once when the reader is made, then reused by
+    every read of the probe, as the engine reads experts into preallocated slots it reuses
+    token after token. Read i of a batch lands in slot i % threads (the bytes are discarded,
+    only the timing is kept). A fresh buffer per read would time first-touch page faults and
+    cold memory the engine never sees. Every read is its own task; `groups` (one per read by
+    default) only label what a caller waits for. Slots are page-aligned and a whole number of
+    pages, as O_DIRECT needs.
     Timestamps are the pool's (CLOCK_MONOTONIC, as `time.perf_counter_ns` on Linux); in
     `dontneed` mode the pool's end time includes the posix_fadvise after the read.
     """
 
-    def __init__(self, fd: int, threads: int, max_len: int, cache_mode: str):
+    def __init__(self, fd: int, max_threads: int, max_len: int, cache_mode: str):
         from sdq import _io
+        from sdq.pager import Arena
 
-        self._io, self.fd, self.threads = _io, fd, threads
+        self.fd = fd
         self._flags = {"direct": _io.FLAG_DIRECT, "dontneed": _io.FLAG_DONTNEED}[cache_mode]
-        self._stride = _round_up(max_len, PAGE)
-        self._pool = _io.Pool(threads)
-        self._buf: mmap.mmap | None = None
+        self.stride = _round_up(max_len, PAGE)
+        self.arena = Arena(max_threads, self.stride)  # [max_threads * stride]
+        self.arena.buf[::PAGE] = 1  # fault every page in now, not during a timed read
+        self._pool = _io.Pool(1)
+        self.max_threads = max_threads
 
-    def _dests(self, n: int) -> tuple[int, int]:
-        """(base address, count) of pre-touched page-aligned destinations of `stride` bytes."""
-        n = min(n, max(self.threads, DEST_BYTES // self._stride))
-        need = n * self._stride
-        if self._buf is None or len(self._buf) < need:
-            if self._buf is not None:
-                self._buf.close()
-            self._buf = mmap.mmap(-1, need)
-            np.frombuffer(self._buf, np.uint8)[::PAGE] = 1  # fault every page in now
-        return ctypes.addressof(ctypes.c_char.from_buffer(self._buf)), n
+    @property
+    def threads(self) -> int:
+        return self._pool.threads
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        if not 1 <= n <= self.max_threads:
+            raise ValueError(f"{n} threads: this reader has slots for 1..{self.max_threads}")
+        self._pool.threads = n
 
     def read_batch(self, offsets: np.ndarray, lengths: np.ndarray, groups=None):
+        """(submit_ns, start_ns [R], end_ns [R]) of reads of `lengths` at `offsets`, all at once."""
         n = len(offsets)
-        base, n_dest = self._dests(n)
+        if n and int(np.max(lengths)) > self.stride:
+            raise ValueError(f"read of {int(np.max(lengths))} B exceeds the slot ({self.stride} B)")
         table = np.empty((n, 7), np.int64)  # [R, 7]: fd, offset, length, need, dest, task, group
         table[:, 0] = self.fd
         table[:, 1] = offsets
         table[:, 2] = lengths
         table[:, 3] = lengths
-        table[:, 4] = base + (np.arange(n, dtype=np.int64) % n_dest) * self._stride
+        table[:, 4] = self.arena.base + (np.arange(n, dtype=np.int64) % self.threads) * self.stride
         table[:, 5] = np.arange(n)
         table[:, 6] = np.arange(n) if groups is None else groups
         try:
-            batch = self._pool.submit(table, self._flags, self._buf)
+            batch = self._pool.submit(table, self._flags, self.arena.buf)
             batch.wait_all()
         except OSError as exc:
             raise ReadError(f"probe read failed: {exc}") from None
         report = np.frombuffer(batch.report(), np.int64).reshape(n, 6)  # [R, 6]
-        del batch  # frees the C batch before the buffer can be reused
+        del batch  # frees the C batch before the slots are reused
         return int(report[0, 0]), report[:, 1].copy(), report[:, 2].copy()
 
     def close(self) -> None:
         self._pool.close()
-        if self._buf is not None:
-            self._buf.close()
+        self.arena.close()
 
 
-READER = "sdq._io.Pool (the pager's C pthread pool)"
+READER = (
+    "sdq._io.Pool (the pager's C pthread pool) into a reused, pre-faulted arena "
+    "(one slot per read in flight)"
+)
 
 
 def _random_offsets(rng, file_bytes: int, length: int, n: int) -> np.ndarray:
@@ -399,20 +416,17 @@ def _read_len(size: int, cache_mode: str) -> int:
     return _round_up(size, PAGE) if cache_mode == "direct" else size
 
 
-def _level(path, fd, file_bytes, *, size, threads, reads, cache_mode, rng, repeat) -> list[Timing]:
+def _level(reader, file_bytes, *, size, threads, reads, cache_mode, rng, repeat) -> list[Timing]:
     """`reads` random reads of `size` bytes with `threads` workers, `repeat` times."""
     length = _read_len(size, cache_mode)
+    reader.threads = threads
     runs = []
     for _ in range(repeat):
         offsets = _random_offsets(rng, file_bytes, length, reads)  # [R]
         lengths = np.full(reads, length, np.int64)  # [R]
-        reader = PoolReader(fd, threads, length, cache_mode)
-        try:
-            _drop_cache(fd)
-            cached = _cached_share(fd, offsets, length)
-            _, start, end = reader.read_batch(offsets, lengths)
-        finally:
-            reader.close()
+        _drop_cache(reader.fd)
+        cached = _cached_share(reader.fd, offsets, length)
+        _, start, end = reader.read_batch(offsets, lengths)
         wall = int(end.max() - start.min())
         runs.append(Timing(end - start, wall, int(lengths.sum()), cached))
     return runs
@@ -428,7 +442,7 @@ def chunk_bounds(size: int, split: int) -> list[tuple[int, int]]:
 
 
 def _split_cell(
-    fd, file_bytes, *, size, split, threads, batch, reads, cache_mode, rng, repeat
+    reader, file_bytes, *, size, split, threads, batch, reads, cache_mode, rng, repeat
 ) -> list[Timing]:
     """Segments in batches of `batch`, each cut in `split` chunks, all of a batch at once.
 
@@ -440,25 +454,23 @@ def _split_cell(
     length = _read_len(size, cache_mode)
     chunks = chunk_bounds(length, split)
     n_batches = max(1, round(reads / batch))
+    fd = reader.fd
+    reader.threads = threads
     runs = []
     for _ in range(repeat):
-        reader = PoolReader(fd, threads, max(c[1] for c in chunks), cache_mode)
         seg_lat, wall, nbytes, cached = [], 0, 0, []
-        try:
-            for _b in range(n_batches):
-                seg = _random_offsets(rng, file_bytes, length, batch)  # [B]
-                offsets = np.array([s + o for s in seg for o, _ in chunks], np.int64)  # [B*S]
-                lengths = np.array([n for _ in seg for _, n in chunks], np.int64)  # [B*S]
-                groups = np.repeat(np.arange(batch), len(chunks))  # [B*S]: segment of each chunk
-                _drop_cache(fd)
-                cached.append(_cached_share(fd, seg, length))
-                submit, start, end = reader.read_batch(offsets, lengths, groups)
-                per_seg = end.reshape(batch, len(chunks)).max(axis=1)  # [B]
-                seg_lat.append(per_seg - submit)
-                wall += int(end.max()) - submit
-                nbytes += int(lengths.sum())
-        finally:
-            reader.close()
+        for _b in range(n_batches):
+            seg = _random_offsets(rng, file_bytes, length, batch)  # [B]
+            offsets = np.array([s + o for s in seg for o, _ in chunks], np.int64)  # [B*S]
+            lengths = np.array([n for _ in seg for _, n in chunks], np.int64)  # [B*S]
+            groups = np.repeat(np.arange(batch), len(chunks))  # [B*S]: segment of each chunk
+            _drop_cache(fd)
+            cached.append(_cached_share(fd, seg, length))
+            submit, start, end = reader.read_batch(offsets, lengths, groups)
+            per_seg = end.reshape(batch, len(chunks)).max(axis=1)  # [B]
+            seg_lat.append(per_seg - submit)
+            wall += int(end.max()) - submit
+            nbytes += int(lengths.sum())
         runs.append(Timing(np.concatenate(seg_lat), wall, nbytes, mean(cached)))
     return runs
 
@@ -581,6 +593,16 @@ def storage_of(path: Path):
 
 
 def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, rng, say) -> None:
+    """All cells through one PoolReader, repeats outermost."""
+    top = max((*settings.threads, *settings.small_threads, settings.split_threads or 1))
+    reader = PoolReader(fd, top, _read_len(settings.size, settings.cache_mode), settings.cache_mode)
+    try:
+        _sweep_cells(result, settings, path, reader, file_bytes, rng, say)
+    finally:
+        reader.close()
+
+
+def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
     """All cells, repeats outermost: run r of every cell before run r + 1 of any, so slow
     phases of a shared machine spread over all cells instead of biasing one. fio (when asked)
     runs right after sdq's run of the same cell."""
@@ -600,19 +622,22 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
     for r in range(repeat):
         for t in settings.threads:
             say(f"run {r + 1}/{repeat}: {size} B x {reads} reads at {t} threads")
-            levels[t] += _level(path, fd, file_bytes, size=size, threads=t, reads=reads,
+            levels[t] += _level(reader, file_bytes, size=size, threads=t, reads=reads,
                                 cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
             if fio is not None:
                 fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=reads,
                                        cache_mode=mode))  # fmt: skip
         for t in settings.small_threads:
             say(f"run {r + 1}/{repeat}: 4 KiB x {small_reads} reads at {t} threads")
-            small[t] += _level(path, fd, file_bytes, size=SMALL_SIZE, threads=t,
+            small[t] += _level(reader, file_bytes, size=SMALL_SIZE, threads=t,
                                reads=small_reads, cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
     result.levels = [summarize(runs, threads=t, size=size) for t, runs in levels.items()]
     result.small = [summarize(runs, threads=t, size=SMALL_SIZE) for t, runs in small.items()]
     if fio is not None:
-        result.fio = [fio_summary(runs) for runs in fio_runs.values()]
+        result.fio = [
+            fio_summary(runs, sdq=level)
+            for runs, level in zip(fio_runs.values(), result.levels, strict=True)
+        ]
 
     threads = settings.split_threads or recommend(result).io_threads
     result.split_threads = threads
@@ -621,7 +646,7 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
     for r in range(repeat):
         for batch, s in cells:
             say(f"run {r + 1}/{repeat}: split {s}, batch {batch} segments, {threads} threads")
-            split_runs[batch, s] += _split_cell(fd, file_bytes, size=size, split=s,
+            split_runs[batch, s] += _split_cell(reader, file_bytes, size=size, split=s,
                                                 threads=threads, batch=batch, reads=reads,
                                                 cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
     result.split = [
@@ -630,14 +655,16 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
     ]
 
 
-def fio_summary(runs) -> dict:
-    """Medians over fio runs of one cell (FioStats), in ReadStats' field names."""
+def fio_summary(runs, sdq: ReadStats | None = None) -> dict:
+    """Medians over fio runs of one cell (FioStats), in ReadStats' field names; with `sdq` (the
+    probe's own cell) also `sdq_over_fio`: the ratio of the two median bandwidths."""
     med = {k: percentile([getattr(r, k) for r in runs], 50) for k in
            ("median_ms", "mean_ms", "p90_ms", "mb_s", "iops")}  # fmt: skip
+    ratio = sdq.mb_s / med["mb_s"] if sdq is not None and med["mb_s"] > 0 else float("nan")
     return dict(
         threads=runs[0].threads, size=runs[0].size, reads=sum(r.reads for r in runs), **med,
         mb_s_min=min(r.mb_s for r in runs), mb_s_max=max(r.mb_s for r in runs),
-        cache_mode=runs[0].cache_mode, command=runs[-1].command,
+        cache_mode=runs[0].cache_mode, command=runs[-1].command, sdq_over_fio=ratio,
     )  # fmt: skip
 
 

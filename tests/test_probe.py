@@ -344,18 +344,43 @@ def test_parse_bytes():
             parse_bytes(bad)
 
 
-def test_pool_reader_destinations_are_capped_and_reads_still_complete(disk_dir, monkeypatch):
-    monkeypatch.setattr(probe, "DEST_BYTES", 4 * 65536)  # 4 destinations of 64 KiB
+def _resident_pages(address: int, nbytes: int) -> np.ndarray:
+    """mincore(2) of this process's memory: 1 per resident page of [address, address + nbytes)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    vec = (ctypes.c_ubyte * (-(-nbytes // PAGE)))()
+    rc = libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vec)
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return np.frombuffer(vec, np.uint8) & 1
+
+
+def test_pool_reader_reads_into_one_reused_prefaulted_arena_slot_per_thread(disk_dir):
     data = disk_dir / "data.bin"
-    data.write_bytes(np.random.default_rng(0).integers(0, 256, 4 << 20, np.uint8).tobytes())
+    raw = np.random.default_rng(0).integers(0, 256, 4 << 20, np.uint8)  # [4 MiB]
+    data.write_bytes(raw.tobytes())
     fd = os.open(data, os.O_RDONLY | os.O_DIRECT)
     try:
-        reader = probe.PoolReader(fd, 2, 65536, "direct")
+        reader = probe.PoolReader(fd, 4, 65536, "direct")
         try:
+            arena = reader.arena
+            assert arena.n_slots == 4 and arena.slot_bytes == 65536 and arena.base % PAGE == 0
+            mapped = reader.arena.buf
+            # faulted in when the reader is made: every page resident before any read
+            assert _resident_pages(arena.base, arena.nbytes).all()
+            reader.threads = 2
             offsets = np.arange(0, 40 * 65536, 65536, dtype=np.int64)  # [40]
             lengths = np.full(40, 65536, np.int64)
             submit, start, end = reader.read_batch(offsets, lengths)
-            assert len(reader._buf) == 4 * 65536
+            assert reader.arena is arena and reader.arena.buf is mapped  # reused, not remade
+            # the last read of each of the 2 slots in use: 38 -> slot 0, 39 -> slot 1
+            # (both may have been written by an earlier read too, but no read is still running)
+            for slot, i in ((0, 38), (1, 39)):
+                got = arena.slot(slot)
+                assert got.tobytes() == raw[offsets[i] : offsets[i] + 65536].tobytes()
+            assert (arena.slot(2)[::PAGE] == 1).all()  # slots beyond 2 threads: untouched
+            with pytest.raises(ValueError, match="slots for 1..4"):
+                reader.threads = 5
         finally:
             reader.close()
     finally:

@@ -151,10 +151,14 @@ def test_fio_side_by_side(disk_dir, capsys):
     assert code == 0, err
     data = json.loads(out)
     assert [f["threads"] for f in data["fio"]] == [1, 2]
-    for f in data["fio"]:
+    for f, level in zip(data["fio"], data["levels"], strict=True):
         assert f["reads"] == 8 and f["mb_s"] > 0 and f["median_ms"] > 0
         assert "--direct=1" in f["command"] and "--bs=262144" in f["command"]
+        assert f["sdq_over_fio"] == pytest.approx(level["mb_s"] / f["mb_s"])
     assert data["fio_note"].startswith("fio")
+    code, out, err = run_cli([*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio"], capsys)
+    assert code == 0, err
+    assert "sdq/fio" in out
 
 
 def test_fio_missing_is_said_not_fatal(disk_dir, capsys, monkeypatch):

@@ -136,11 +136,18 @@ def format_report(result, rec) -> str:
             f"{r.mb_s:>8.0f} {r.iops:>8.0f}"
         )
     if result.fio:
-        lines += ["", f"fio, same pattern, interleaved with the rows above ({result.fio_note}):"]
+        lines += [
+            "",
+            f"fio, same pattern, interleaved with the rows above ({result.fio_note}; "
+            f"sdq/fio = ratio of the median MB/s, {result.cache_mode}):",
+            f"{'threads':>7} {'size B':>9} {'median ms':>10} {'mean ms':>9} {'p90 ms':>8} "
+            f"{'MB/s':>8} {'IOPS':>8} {'sdq/fio':>8}",
+        ]
         for f in result.fio:
             lines.append(
                 f"{f['threads']:>7} {f['size']:>9} {f['median_ms']:>10.3f} {f['mean_ms']:>9.3f} "
-                f"{f['p90_ms']:>8.3f} {f['mb_s']:>8.0f} {f['iops']:>8.0f}"
+                f"{f['p90_ms']:>8.3f} {f['mb_s']:>8.0f} {f['iops']:>8.0f} "
+                f"{f['sdq_over_fio']:>8.2f}"
             )
         lines.append(f"  e.g. {result.fio[-1]['command']}")
     elif result.fio_note:
