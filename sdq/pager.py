@@ -22,8 +22,22 @@ most `cache.max_acquire` of them (the slots one layer can hold at once; prefill 
 union of experts acquires in chunks of that size).
 
 Policy.
-  scope "global": one LRU over every slot; scope "layer": each MoE layer owns an equal share of
-  the slots and its own LRU.
+  scope "global": one cache over every slot; scope "layer": each MoE layer owns an equal share of
+  the slots and its own cache.
+  Replacement (CacheSettings.policy):
+  "lru": every miss takes a slot, evicting the least recently used expert.
+  "lrfu_bypass" (frequency retention with bypass, sdq.analysis.simulate's policy of that name):
+  for arenas that cannot hold one token's experts over all layers, where LRU evicts exactly what
+  the next token needs and hits almost nothing. K slots are streaming slots. Each expert has a
+  score, its decayed request count (sum over its lookups of 2^(-age / half_life), age in
+  tokens). A miss takes a free slot if there is one, else it replaces the weakest cached
+  expert (lowest score, then least recent) only if its own score, this lookup included, is
+  strictly higher; otherwise it is read into a streaming slot and dropped at release
+  (counted as `bypassed`). A token starts when an acquire's layer is not after the previous
+  acquire's layer (prefill chunks of one layer count as tokens too).
+  "auto" (default): lrfu_bypass for global scope when the slots are fewer than n_layers x K
+  (and leave K for the cache), else lru.
+  An acquire never evicts an expert it requests itself.
   Pinning: every expert of an acquire is pinned until release; a pinned slot is never evicted.
   When no slot can be evicted the acquire fails with PlanError (all slots pinned).
   Admission (seed SDQ_ADMIT_MIN_HITS): a missing expert takes a slot only on its min_hits-th
@@ -70,11 +84,14 @@ __all__ = [
 ]
 
 SCOPES = ("global", "layer")
+POLICIES = ("auto", "lru", "lrfu_bypass")
 
 
 @dataclass(frozen=True)
 class CacheSettings:
-    scope: str = "global"  # "global" LRU or one LRU per "layer"
+    scope: str = "global"  # one cache over all slots, or one per "layer"
+    policy: str = "auto"  # "lru", "lrfu_bypass" or "auto" (module docstring)
+    half_life: float = 32.0  # lrfu_bypass: tokens per halving of a lookup's weight
     min_hits: int = 1  # admission: take a slot on the min_hits-th lookup (1 = always)
     hot: tuple[tuple[int, int], ...] = ()  # (layer, expert) ranking, most used first
     hot_pin: int = 0  # pin the first hot_pin entries of `hot` for the whole run
@@ -83,8 +100,16 @@ class CacheSettings:
     def __post_init__(self):
         if self.scope not in SCOPES:
             raise ParamsError(f"cache scope {self.scope!r}: expected one of {', '.join(SCOPES)}")
+        if self.policy not in POLICIES:
+            raise ParamsError(
+                f"cache policy {self.policy!r}: expected one of {', '.join(POLICIES)}"
+            )
+        if not self.half_life > 0:
+            raise ParamsError(f"half_life {self.half_life}: expected > 0 tokens")
         if self.min_hits < 1:
             raise ParamsError(f"min_hits {self.min_hits}: expected >= 1")
+        if self.min_hits > 1 and self.policy == "lrfu_bypass":
+            raise ParamsError("min_hits > 1 is an LRU admission rule: use it with policy lru")
         if self.hot_pin < 0 or self.hot_pin > len(self.hot):
             raise ParamsError(f"hot_pin {self.hot_pin}: the ranking has {len(self.hot)} entries")
 
@@ -229,7 +254,8 @@ class ExpertCache:
             )
         s = self.settings
         n_layers = len(self.table.layers)
-        n_scratch = self.K if s.min_hits > 1 else 0
+        self.policy = self._resolve_policy(plan.slots, n_layers)
+        n_scratch = self.K if s.min_hits > 1 or self.policy == "lrfu_bypass" else 0
         n_lru = plan.slots - n_scratch - s.hot_pin
         per_scope_min = self.K * (n_layers if s.scope == "layer" else 1)
         if n_lru < per_scope_min:
@@ -266,6 +292,10 @@ class ExpertCache:
         self.max_acquire = min(len(v) for v in self._free.values())
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._seen: dict[tuple[int, int], int] = {}
+        self._score: dict[tuple[int, int], tuple[float, int]] = {}  # key -> (score, at token)
+        self._decay = 0.5 ** (1.0 / s.half_life)
+        self._token = 0  # token clock of lrfu_bypass
+        self._last_row = -1
         self._inflight: list[ReadBatch] = []
         self._counters = dict.fromkeys(
             (
@@ -304,6 +334,12 @@ class ExpertCache:
         with self._lock:
             self._check_open()
             self._harvest()
+            if row <= self._last_row:
+                self._token += 1
+            self._last_row = row
+            bypass_policy = self.policy == "lrfu_bypass"
+            group = {(row, e) for e in ids}
+            weakest: list | None = None  # lrfu_bypass: eviction candidates, built on demand
             c = self._counters
             slots: list[int] = []
             waits: list[tuple[ReadBatch, int] | None] = []
@@ -315,6 +351,12 @@ class ExpertCache:
                     key = (row, e)
                     seen = self._seen.get(key, 0) + 1
                     self._seen[key] = seen
+                    if bypass_policy:
+                        score, at = self._score.get(key, (0.0, self._token))
+                        self._score[key] = (
+                            score * self._decay ** (self._token - at) + 1.0,
+                            self._token,
+                        )
                     entry = self._lookup(key)
                     if entry is not None:
                         hits.append(True)
@@ -331,10 +373,19 @@ class ExpertCache:
                         entries.append(entry)
                         continue
                     hits.append(False)
-                    if seen >= self.settings.min_hits or not self._scratch:
-                        if seen < self.settings.min_hits:
+                    entry = None
+                    if bypass_policy:
+                        if weakest is None:
+                            weakest = self._weakest(row, group)
+                        entry = self._admit_if_stronger(row, key, weakest)
+                        admit = entry is not None or not self._scratch
+                    else:
+                        admit = seen >= self.settings.min_hits or not self._scratch
+                    if admit:
+                        if entry is None and (bypass_policy or seen < self.settings.min_hits):
                             c["overflow_admits"] += 1  # no scratch slot left: admit instead
-                        entry = self._admit(row, key)
+                        if entry is None:
+                            entry = self._admit(row, key, group)
                         entry.pins = 1
                         slots.append(entry.slot)
                         entries.append(entry)
@@ -452,6 +503,7 @@ class ExpertCache:
             self._harvest()
             s = dict(self._counters)
             s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
+            s["policy"] = self.policy
             s["read_ms"] = self._read_ns / 1e6
             s["io_busy_ms"] = self._busy_ns / 1e6
             s["wait_ms"] = self._wait_ns / 1e6
@@ -497,27 +549,74 @@ class ExpertCache:
             if not 0 <= e < n:
                 raise ValueError(f"expert {e} out of range 0..{n - 1}")
 
+    def _resolve_policy(self, slots: int, n_layers: int) -> str:
+        s = self.settings
+        if s.policy != "auto":
+            return s.policy
+        small = slots < n_layers * self.K and slots - s.hot_pin >= 2 * self.K
+        return "lrfu_bypass" if s.scope == "global" and s.min_hits == 1 and small else "lru"
+
     def _scope(self, row: int) -> int:
         return row if self.settings.scope == "layer" else 0
 
-    def _admit(self, row: int, key: tuple[int, int]) -> _Entry:
-        """A slot for key (free or evicted), registered as the most recent entry."""
+    def _admit(self, row: int, key: tuple[int, int], keep=frozenset()) -> _Entry:
+        """A slot for key (free or evicted, never one of `keep`), registered as the most
+        recent entry."""
         scope = self._scope(row)
         free = self._free[scope]
         if free:
             slot = free.pop()
         else:
-            slot = self._evict(scope)
+            slot = self._evict(scope, keep)
+        return self._register(scope, key, slot)
+
+    def _register(self, scope: int, key: tuple[int, int], slot: int) -> _Entry:
         entry = _Entry(key, slot)
         self._entries[key] = entry
         self._lru[scope][key] = None
         return entry
 
-    def _evict(self, scope: int) -> int:
+    def _score_now(self, key: tuple[int, int]) -> float:
+        score, at = self._score.get(key, (0.0, self._token))
+        return score * self._decay ** (self._token - at)
+
+    def _weakest(self, row: int, keep) -> list:
+        """lrfu_bypass eviction candidates of row's scope, the weakest last: [(score, age,
+        key)] over unpinned, loaded entries outside `keep` (age: LRU position, oldest 0)."""
+        out = []
+        for i, key in enumerate(self._lru[self._scope(row)]):
+            entry = self._entries[key]
+            if entry.pins or key in keep or entry.dropped:
+                continue
+            if entry.pending is not None:
+                if not entry.pending[0].done(entry.pending[1]):
+                    continue
+                entry.pending = None
+            out.append((self._score_now(key), i, key))
+        out.sort(reverse=True)
+        return out
+
+    def _admit_if_stronger(self, row: int, key: tuple[int, int], weakest: list):
+        """lrfu_bypass: a free slot, or the weakest candidate's slot if key's score is higher;
+        None when key should be read past the cache."""
+        scope = self._scope(row)
+        free = self._free[scope]
+        if free:
+            return self._register(scope, key, free.pop())
+        while weakest and weakest[-1][2] not in self._entries:
+            weakest.pop()  # taken by an overflow admit of this acquire
+        if not weakest or not self._score_now(key) > weakest[-1][0]:
+            return None
+        victim = self._entries.pop(weakest.pop()[2])
+        del self._lru[scope][victim.key]
+        self._counters["evictions"] += 1
+        return self._register(scope, key, victim.slot)
+
+    def _evict(self, scope: int, keep=frozenset()) -> int:
         lru = self._lru[scope]
         for key in lru:
             entry = self._entries[key]
-            if entry.pins:
+            if entry.pins or key in keep:
                 continue
             if entry.pending is not None:
                 if not entry.pending[0].done(entry.pending[1]):

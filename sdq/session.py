@@ -36,6 +36,7 @@ class RunSettings:
     io_mode: str = "parallel"
     io_split: int = 1
     cache_mode: str = "pagecache"
+    cache_policy: str = "auto"  # sdq.pager.CacheSettings.policy: auto, lru, lrfu_bypass
     route_log: str | None = None
 
     @classmethod
@@ -58,6 +59,7 @@ class RunSettings:
             io_mode=args.io_mode,
             io_split=args.io_split,
             cache_mode=args.cache_mode,
+            cache_policy=getattr(args, "cache_policy", "auto"),
             route_log=args.route_log,
         )
 
@@ -108,7 +110,9 @@ class Session:
             io = IOSettings(
                 threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
             )
-            experts = ExpertCache(model, self.plan, io=io, settings=CacheSettings())
+            experts = ExpertCache(
+                model, self.plan, io=io, settings=CacheSettings(policy=s.cache_policy)
+            )
         self.experts = experts
         self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
         if s.route_log:

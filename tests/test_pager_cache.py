@@ -46,6 +46,7 @@ class PolicyModel:
     def acquire(self, row, ids):
         """-> (hits, pinned keys) or raises PlanError after rolling back like the cache."""
         lru = self.lru[self.scope_of(row)]
+        group = {(row, e) for e in ids}  # an acquire never evicts what it requests
         hits, pinned, new = [], [], []
         try:
             for e in ids:
@@ -61,7 +62,7 @@ class PolicyModel:
                 if self.seen[key] < self.min_hits:
                     continue
                 if len(lru) >= self.capacity[self.scope_of(row)]:
-                    victim = next((k for k in lru if not self.pins[k]), None)
+                    victim = next((k for k in lru if not self.pins[k] and k not in group), None)
                     if victim is None:
                         raise PlanError("all pinned")
                     del lru[victim]
@@ -113,7 +114,10 @@ def test_policy_matches_the_model(model, ops, scope, min_hits, slots):
     n_scratch = 2 if min_hits > 1 else 0
     plan = plan_for_slots(model, slots + n_scratch)
     cache = ExpertCache(
-        model, plan, IOSettings(threads=2), CacheSettings(scope=scope, min_hits=min_hits)
+        model,
+        plan,
+        IOSettings(threads=2),
+        CacheSettings(scope=scope, policy="lru", min_hits=min_hits),
     )
     if scope == "global":
         ref = PolicyModel({0: slots}, lambda r: 0, min_hits)

@@ -35,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sdq-cache-mode", choices=("pagecache", "dontneed", "direct"), default="pagecache"
     )
+    p.add_argument(
+        "--sdq-cache-policy",
+        choices=("auto", "lru", "lrfu_bypass"),
+        default="auto",
+        help="sdq's expert replacement policy (sdq chat --cache-policy)",
+    )
     p.add_argument("--io-threads", type=int, help="sdq's expert read threads")
     p.add_argument(
         "--systems",
@@ -77,6 +83,7 @@ def run(args) -> int:
         ubatch=min(args.ubatch, args.ctx_size),
         reserve_mb=args.reserve_mb,
         sdq_cache_mode=args.sdq_cache_mode,
+        sdq_cache_policy=args.sdq_cache_policy,
         io_threads=args.io_threads,
         omp_wait_policy=args.omp_wait_policy,
         timeout_s=args.timeout_s,

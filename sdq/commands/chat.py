@@ -47,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cache-mode", choices=CACHE_MODES, default="pagecache")
     p.add_argument(
+        "--cache-policy",
+        choices=("auto", "lru", "lrfu_bypass"),
+        default="auto",
+        help="expert replacement: lrfu_bypass keeps frequently routed experts and streams the "
+        "rest; auto (default) uses it when the arena holds fewer than one token's experts",
+    )
+    p.add_argument(
         "--resident", action="store_true", help="copy every expert into RAM (no pager, no budget)"
     )
     p.add_argument("--route-log", help="write each token's experts per layer (JSON lines)")

@@ -1,0 +1,125 @@
+"""The pager's lrfu_bypass policy against the cache simulation of the same name: on one route
+trace, the arena hits and misses exactly where sdq.analysis.simulate says it does.
+
+Dimension key: T tokens, L MoE layers, E experts per layer, K experts per token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pager_support import make_model
+
+from sdq.analysis.replay import global_stream
+from sdq.analysis.simulate import PolicyParams, simulate_groups
+from sdq.errors import ParamsError, PlanError
+from sdq.memory import plan_for_slots
+from sdq.pager import CacheSettings, ExpertCache
+
+L, E, K = 3, 8, 2
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(
+        tmp_path_factory.mktemp("policy") / "experts.bin", n_layers=L, n_expert=E, k=K
+    )
+
+
+def skewed_trace(seed: int, tokens: int) -> np.ndarray:
+    """int [T, L, K]: per layer a Zipf-like popularity, K distinct experts per token."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((tokens, L, K), dtype=np.int64)
+    for layer in range(L):
+        p = 1.0 / np.arange(1, E + 1) ** 1.2
+        p = p[rng.permutation(E)]
+        p /= p.sum()
+        for t in range(tokens):
+            out[t, layer] = rng.choice(E, K, replace=False, p=p)
+    return out
+
+
+def replay(model, trace, settings, slots):
+    """Acquires the trace token by token, layer by layer; -> (misses per token, stats)."""
+    misses = []
+    with ExpertCache(model, plan_for_slots(model, slots), settings=settings) as cache:
+        for token in trace:
+            n = 0
+            for row, ids in enumerate(token):
+                h = cache.acquire(model.experts.layers[row], ids)
+                h.wait_all()
+                want = model.expert_bytes(h.layer, int(ids[-1]))
+                assert [v.tobytes() for v in h.views(len(ids) - 1)] == want
+                n += h.hits.count(False)
+                cache.release(h)
+            misses.append(n)
+        return np.array(misses), cache.stats
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 10_000),
+    slots=st.integers(2 * K, L * K - 1),
+    half_life=st.sampled_from([1.0, 4.0, 32.0]),
+)
+def test_global_arena_equals_simulation(model, seed, slots, half_life):
+    trace = skewed_trace(seed, tokens=40)  # [T, L, K]
+    cs = CacheSettings(policy="lrfu_bypass", half_life=half_life)
+    misses, stats = replay(model, trace, cs, slots)
+    groups = global_stream(trace, E)  # [T*L, K]
+    params = PolicyParams(half_life=half_life, n_layer=L, n_expert=E)
+    # cumulative misses after every token, not just the total
+    expect = [
+        simulate_groups(groups[: (t + 1) * L], L * E, slots, "lrfu_bypass", params)
+        for t in range(len(trace))
+    ]
+    assert np.cumsum(misses).tolist() == expect
+    assert stats["policy"] == "lrfu_bypass"
+    assert stats["misses"] == expect[-1] and stats["lookups"] == trace.size
+    assert stats["bypassed"] > 0  # the policy did read past the cache
+    assert stats["cached"] <= slots - K  # K slots stream
+
+
+def test_layer_scope_equals_per_layer_simulation(model):
+    trace = skewed_trace(7, tokens=60)
+    share = 3  # cache slots per layer; K streaming slots shared by all layers
+    cs = CacheSettings(scope="layer", policy="lrfu_bypass", half_life=8.0)
+    misses, stats = replay(model, trace, cs, L * share + K)
+    params = PolicyParams(half_life=8.0)
+    expect = sum(
+        simulate_groups(trace[:, row], E, share + K, "lrfu_bypass", params) for row in range(L)
+    )
+    assert int(misses.sum()) == expect == stats["misses"]
+
+
+def test_beats_lru_where_a_token_does_not_fit(model):
+    trace = skewed_trace(3, tokens=80)
+    slots = L * K - 1
+    lru, _ = replay(model, trace, CacheSettings(policy="lru"), slots)
+    bypass, _ = replay(model, trace, CacheSettings(policy="lrfu_bypass"), slots)
+    assert bypass.sum() < lru.sum()
+
+
+def test_auto_picks_bypass_only_below_one_token_of_experts(model):
+    for slots, want in [(2 * K, "lrfu_bypass"), (L * K - 1, "lrfu_bypass"), (L * K, "lru")]:
+        with ExpertCache(model, plan_for_slots(model, slots)) as cache:
+            assert cache.policy == want, slots
+    with ExpertCache(model, plan_for_slots(model, 2 * K - 1)) as cache:
+        assert cache.policy == "lru"  # no room for K streaming slots beside K cached
+
+
+def test_bad_settings_are_one_line_errors(model):
+    with pytest.raises(ParamsError, match="cache policy 'mru'"):
+        CacheSettings(policy="mru")
+    with pytest.raises(ParamsError, match="half_life 0"):
+        CacheSettings(half_life=0)
+    with pytest.raises(ParamsError, match="min_hits > 1"):
+        CacheSettings(policy="lrfu_bypass", min_hits=2)
+    with pytest.raises(PlanError, match="slots cannot hold"):
+        ExpertCache(
+            model, plan_for_slots(model, K + 1), settings=CacheSettings(policy="lrfu_bypass")
+        )
