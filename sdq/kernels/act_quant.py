@@ -51,7 +51,7 @@ class QActivation:
     """Activations X [T, cols] converted once for all the matrices that multiply them.
 
     Q8_K / Q8_0: ``qs`` int8 [T, cols], ``d`` f32 [T, cols/block] (Q8_0's d already rounded
-    to f16), ``bsums`` int32 [T, cols/16] (Q8_K only: sums of each 16 quants).
+    to f16), ``bsums`` int16 [T, cols/16] (Q8_K only: sums of each 16 quants, |sum| <= 16 * 127).
     F32 / F16 / BF16: ``xf`` f32 [T, cols], holding values representable in that format.
     """
 
@@ -183,7 +183,7 @@ def quantize_activation(x: np.ndarray, weight_qtype) -> QActivation:
         qs = np.empty((T, cols), dtype=np.int8)
         d = np.empty((T, cols // bs), dtype=np.float32)
         if at == QT.Q8_K:
-            bsums = np.empty((T, cols // 16), dtype=np.int32)
+            bsums = np.empty((T, cols // 16), dtype=np.int16)
             _quantize_q8_k(x2, qs, d, bsums)
             return QActivation(at, T, cols, qs=qs, d=d, bsums=bsums)
         _quantize_q8_0(x2, qs, d)
@@ -212,7 +212,7 @@ def quantize_q8_0_ref(x: np.ndarray):
 
 
 def quantize_q8_k_ref(x: np.ndarray):
-    """x f32 [T, cols] -> (qs int8 [T, cols], d f32 [T, cols/256], bsums int32 [T, cols/16])."""
+    """x f32 [T, cols] -> (qs int8 [T, cols], d f32 [T, cols/256], bsums int16 [T, cols/16])."""
     T, cols = x.shape
     xb = x.reshape(T, cols // QK_K, QK_K)
     imax = np.abs(xb).argmax(axis=-1)[..., None]  # first index of the largest magnitude
@@ -223,7 +223,7 @@ def quantize_q8_k_ref(x: np.ndarray):
     qs = np.minimum(np.rint(xb * iscale), np.float32(127.0)).astype(np.int8)
     with np.errstate(divide="ignore"):
         d = np.where(zero[..., 0], np.float32(0), np.float32(1.0) / iscale[..., 0])
-    bsums = qs.reshape(T, cols // 16, 16).astype(np.int32).sum(axis=-1)
+    bsums = qs.reshape(T, cols // 16, 16).astype(np.int32).sum(axis=-1).astype(np.int16)
     return qs.reshape(T, cols), d.astype(np.float32), bsums
 
 

@@ -4,16 +4,19 @@ Dimension key: T tokens (1 when decoding), rows/cols of the weight matrix, nb bl
 
 The activations are first converted as ggml's CPU backend does (see act_quant.py): Q8_K for
 K-quant weights, Q8_0 for Q8_0/Q4_0, F16/BF16/F32 for float weights. Then, per weight block
-and token, one exact integer dot product of the block's quants with the token's int8
-quants, and ggml's float step ``d_w * d_x * isum`` (minus the K-quant
-``dmin * sum(min_j * bsum_j)`` term). Rows are the outer loop and tokens the inner one, so a
-prefill ubatch reuses each weight block (from L1) for all its T tokens.
+and token, exact integer dot products of the block's quants with the token's int8 quants,
+and ggml's float step ``d_w * d_x * isum`` (minus the K-quant ``dmin * sum(min_j * bsum_j)``
+term). Rows are the outer loop and tokens the inner one, so a prefill ubatch reuses each
+weight row (from L1) for all its T tokens.
 
-Two implementations of the block dot, chosen per CPU:
-- SIMD (x86 AVX2, simd.py): ggml's method, unsigned x signed byte multiply-adds on weights
-  unpacked in registers, plus software prefetch. Used where the CPU has AVX2. With more
-  than one token (prefill) a K-quant block is unpacked once into 256 bytes and each token's
-  dot product reads those.
+K-quants keep, per (row, token), eight float lanes across the row's blocks; each lane
+adds an exact integer partial sum of the block scaled by ``d_w * d_x`` (simd_mm.py
+describes the lanes), and the lanes are summed once at the end of the row.
+
+Two implementations, chosen per CPU, computing identical K-quant results:
+- SIMD (x86 AVX2): ggml's method, unsigned x signed byte multiply-adds on weights unpacked
+  in registers, plus software prefetch. K-quants: simd_mm.py's row tiles (up to 4 tokens
+  share each unpacked block); Q8_0/Q4_0: simd.py's block dots.
 - portable: each block unpacked into int16 values already multiplied by their sub-block
   scale, then plain int16 x int8 -> int32 loops that LLVM vectorizes. The fallback, and the
   cross-check of the SIMD path in the tests.
@@ -35,20 +38,25 @@ from sdq.kernels.quant import QK_K, as_bytes, dequantize, f16_at, kscale_min, qt
 from sdq.kernels.simd import (
     HAVE_AVX2,
     dot_q4_0,
-    dot_q4_k,
-    dot_q5_k,
-    dot_q6_k,
     dot_q8_0,
-    dot_unpacked_k,
-    dot_unpacked_q6_k,
     load_bf16,
     load_f16,
-    load_u32,
-    min_sum_k,
     prefetch,
-    unpack_q4_k,
-    unpack_q5_k,
-    unpack_q6_k,
+)
+from sdq.kernels.simd_mm import (
+    TILE,
+    q4_k_tile1,
+    q4_k_tile2,
+    q4_k_tile3,
+    q4_k_tile4,
+    q5_k_tile1,
+    q5_k_tile2,
+    q5_k_tile3,
+    q5_k_tile4,
+    q6_k_tile1,
+    q6_k_tile2,
+    q6_k_tile3,
+    q6_k_tile4,
 )
 
 CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is busy elsewhere
@@ -153,7 +161,40 @@ def _min_sum(mins, bs, t, b):
 
 
 # ---------------------------------------------------------------------------------------
-# K-quants x Q8_K. qs int8 [T, cols], d f32 [T, nb], bs int32 [T, cols/16], out f32 [T, rows]
+# K-quants x Q8_K. qs int8 [T, cols], d f32 [T, nb], bs int16 [T, cols/16], out f32 [T, rows]
+#
+# Per (row, token) eight float accumulators ("lanes"), each fed by an exact integer sum per
+# block: the same numbers, in the same float operations, as the SIMD tiles (simd_mm.py).
+
+
+@inline
+def _lane_dot(w, qs, t, x0, isum):
+    """isum[k] = sum over the block's 32-value chunks c of sum_{i = 4k..4k+3} w[32c + i] *
+    qs[t, x0 + 32c + i], for k < 8 (w int16 [256]: quants times their sub-block scale)."""
+    for k in range(8):
+        s = np.int32(0)
+        for c in range(8):
+            for i in range(4):
+                n = 32 * c + 4 * k + i
+                s = np.int32(s + np.int32(w[n]) * np.int32(qs[t, x0 + n]))
+        isum[k] = s
+
+
+@inline
+def _sum8(acc, t):
+    """acc[t, 0] + acc[t, 1] + ... + acc[t, 7], in that order."""
+    tot = acc[t, 0]
+    for k in range(1, 8):
+        tot += acc[t, k]
+    return tot
+
+
+@inline
+def _k_lanes(acc, t, a, m, isum, mins, bs, b):
+    """acc[t, k] += a * isum[k] - m * min_k * (sum of the 32 quants of sub-block k)."""
+    for k in range(8):
+        msum = mins[k] * (bs[t, b * 16 + 2 * k] + bs[t, b * 16 + 2 * k + 1])
+        acc[t, k] += a * np.float32(isum[k]) - m * np.float32(msum)
 
 
 @kernel(parallel=True)
@@ -161,20 +202,20 @@ def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
-        w = np.empty(QK_K, np.int16)  # unpacked block, scales applied
-        mins = np.empty(8, np.int32)
-        acc = np.empty(T, np.float32)
+        w = np.empty(QK_K, np.int16)  # [256] unpacked block, scales applied
+        mins = np.empty(8, np.int32)  # [8]
+        isum = np.empty(8, np.int32)  # [8] integer lanes of one block and token
+        acc = np.empty((T, 8), np.float32)  # [T, 8] float lanes
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 dw, dmw = _unpack_q4_k(raw, (r * nb + b) * 144, w, mins)
                 for t in range(T):
-                    isum = _dot_w_q8(w, qs, t, b * QK_K, QK_K)
-                    msum = _min_sum(mins, bs, t, b)
+                    _lane_dot(w, qs, t, b * QK_K, isum)
                     dx = d[t, b]
-                    acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
+                    _k_lanes(acc, t, dx * dw, dx * dmw, isum, mins, bs, b)
             for t in range(T):
-                out[t, r] = acc[t]
+                out[t, r] = _sum8(acc, t)
 
 
 @kernel(parallel=True)
@@ -182,20 +223,20 @@ def _mm_q5_k(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
-        w = np.empty(QK_K, np.int16)
-        mins = np.empty(8, np.int32)
-        acc = np.empty(T, np.float32)
+        w = np.empty(QK_K, np.int16)  # [256]
+        mins = np.empty(8, np.int32)  # [8]
+        isum = np.empty(8, np.int32)  # [8]
+        acc = np.empty((T, 8), np.float32)  # [T, 8]
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 dw, dmw = _unpack_q5_k(raw, (r * nb + b) * 176, w, mins)
                 for t in range(T):
-                    isum = _dot_w_q8(w, qs, t, b * QK_K, QK_K)
-                    msum = _min_sum(mins, bs, t, b)
+                    _lane_dot(w, qs, t, b * QK_K, isum)
                     dx = d[t, b]
-                    acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
+                    _k_lanes(acc, t, dx * dw, dx * dmw, isum, mins, bs, b)
             for t in range(T):
-                out[t, r] = acc[t]
+                out[t, r] = _sum8(acc, t)
 
 
 @kernel(parallel=True)
@@ -203,18 +244,21 @@ def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
-        w = np.empty(QK_K, np.int16)
-        s = np.empty(16, np.int16)
-        acc = np.empty(T, np.float32)
+        w = np.empty(QK_K, np.int16)  # [256]
+        s = np.empty(16, np.int16)  # [16] scales
+        isum = np.empty(8, np.int32)  # [8]
+        acc = np.empty((T, 8), np.float32)  # [T, 8]
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 dw = _unpack_q6_k(raw, (r * nb + b) * 210, w, s)
                 for t in range(T):
-                    isum = _dot_w_q8(w, qs, t, b * QK_K, QK_K)
-                    acc[t] += (d[t, b] * dw) * np.float32(isum)
+                    _lane_dot(w, qs, t, b * QK_K, isum)
+                    a = d[t, b] * dw
+                    for k in range(8):
+                        acc[t, k] += a * np.float32(isum[k])
             for t in range(T):
-                out[t, r] = acc[t]
+                out[t, r] = _sum8(acc, t)
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,7 +333,7 @@ def _mm_q4_0(raw, rows, cols, qs, d, out, nch):
 # Bytes: the SIMD kernels ask for the weights this far ahead of use. Measured here (1 thread,
 # CPU time, decode matvec): 1 KB -> 4 KB made the 255 MB Q6_K output head 1.44x faster and
 # cold expert matrices ~1.2x; 8 KB another ~1.05x on experts; 16 KB no better.
-PREFETCH_AHEAD = 8192
+PREFETCH_AHEAD = 8192  # (simd_mm.PREFETCH_AHEAD: the same, for the K-quant tiles)
 
 
 @inline
@@ -300,117 +344,61 @@ def _prefetch(raw, o, nbytes):
         prefetch(raw, o + PREFETCH_AHEAD + k)
 
 
-_M6 = np.uint64(0x3F3F3F3F)
-_M4 = np.uint64(0x0F0F0F0F)
-_M2 = np.uint64(0x03030303)
-
-
-@inline
-def kscales_packed(raw, o):
-    """The 8 scales and 8 mins (6 bits each) of the Q4_K/Q5_K block at raw[o:], each set
-    as one uint64 with one value per byte (as kscale_min, four bytes at a time).
-
-    Packed bytes raw[o+4:o+16] as words w0, w1, w2: scales 0-3 and mins 0-3 are the low 6
-    bits of w0 and w1; scales 4-7 are w2's low nibbles with w0's top 2 bits above them, mins
-    4-7 are w2's high nibbles with w1's top 2 bits above them."""
-    w0 = load_u32(raw, o + 4)
-    w1 = load_u32(raw, o + 8)
-    w2 = load_u32(raw, o + 12)
-    s6, s4, s32 = np.uint64(6), np.uint64(4), np.uint64(32)
-    sc_hi = (w2 & _M4) | (((w0 >> s6) & _M2) << s4)
-    mn_hi = ((w2 >> s4) & _M4) | (((w1 >> s6) & _M2) << s4)
-    return (w0 & _M6) | (sc_hi << s32), (w1 & _M6) | (mn_hi << s32)
-
-
 @kernel(parallel=True)
 def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
-    nbs = cols // 16
     for c in prange(nch):
-        acc = np.empty(T, np.float32)
-        buf = np.empty(QK_K, np.uint8)  # one block unpacked (T > 1)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            acc[:] = 0
-            for b in range(nb):
-                o = (r * nb + b) * 144
-                _prefetch(raw, o, 144)
-                sc, mn = kscales_packed(raw, o)
-                dw = load_f16(raw, o)
-                dmw = load_f16(raw, o + 2)
-                if T == 1:
-                    isum = dot_q4_k(raw, o, qs, b * QK_K, sc)
-                    msum = min_sum_k(mn, bs, b * 16)
-                    dx = d[0, b]
-                    acc[0] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
-                    continue
-                unpack_q4_k(raw, o, buf)  # once for all T tokens
-                for t in range(T):
-                    isum = dot_unpacked_k(buf, qs, t * cols + b * QK_K, sc)
-                    msum = min_sum_k(mn, bs, t * nbs + b * 16)
-                    dx = d[t, b]
-                    acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
-            for t in range(T):
-                out[t, r] = acc[t]
+            ro = r * nb * 144
+            t = 0
+            while t + TILE <= T:  # tiles of 4 tokens, then the 1..3 left
+                q4_k_tile4(raw, ro, nb, qs, d, bs, t, out, r)
+                t += TILE
+            if T - t == 3:
+                q4_k_tile3(raw, ro, nb, qs, d, bs, t, out, r)
+            elif T - t == 2:
+                q4_k_tile2(raw, ro, nb, qs, d, bs, t, out, r)
+            elif T - t == 1:
+                q4_k_tile1(raw, ro, nb, qs, d, bs, t, out, r)
 
 
 @kernel(parallel=True)
 def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
-    nbs = cols // 16
     for c in prange(nch):
-        acc = np.empty(T, np.float32)
-        buf = np.empty(QK_K, np.uint8)  # one block unpacked (T > 1)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            acc[:] = 0
-            for b in range(nb):
-                o = (r * nb + b) * 176
-                _prefetch(raw, o, 176)
-                sc, mn = kscales_packed(raw, o)
-                dw = load_f16(raw, o)
-                dmw = load_f16(raw, o + 2)
-                if T == 1:
-                    isum = dot_q5_k(raw, o, qs, b * QK_K, sc)
-                    msum = min_sum_k(mn, bs, b * 16)
-                    dx = d[0, b]
-                    acc[0] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
-                    continue
-                unpack_q5_k(raw, o, buf)  # once for all T tokens
-                for t in range(T):
-                    isum = dot_unpacked_k(buf, qs, t * cols + b * QK_K, sc)
-                    msum = min_sum_k(mn, bs, t * nbs + b * 16)
-                    dx = d[t, b]
-                    acc[t] += (dx * dw) * np.float32(isum) - (dx * dmw) * np.float32(msum)
-            for t in range(T):
-                out[t, r] = acc[t]
+            ro = r * nb * 176
+            t = 0
+            while t + TILE <= T:  # tiles of 4 tokens, then the 1..3 left
+                q5_k_tile4(raw, ro, nb, qs, d, bs, t, out, r)
+                t += TILE
+            if T - t == 3:
+                q5_k_tile3(raw, ro, nb, qs, d, bs, t, out, r)
+            elif T - t == 2:
+                q5_k_tile2(raw, ro, nb, qs, d, bs, t, out, r)
+            elif T - t == 1:
+                q5_k_tile1(raw, ro, nb, qs, d, bs, t, out, r)
 
 
 @kernel(parallel=True)
 def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
     nb = cols // QK_K
-    nbs = cols // 16
     for c in prange(nch):
-        acc = np.empty(T, np.float32)
-        buf = np.empty(QK_K, np.uint8)  # one block unpacked (T > 1)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            acc[:] = 0
-            for b in range(nb):
-                o = (r * nb + b) * 210
-                _prefetch(raw, o, 210)
-                dw = load_f16(raw, o + 208)
-                if T == 1:
-                    isum = dot_q6_k(raw, o, qs, b * QK_K, bs, b * 16)
-                    acc[0] += (d[0, b] * dw) * np.float32(isum)
-                    continue
-                unpack_q6_k(raw, o, buf)  # once for all T tokens
-                for t in range(T):
-                    xo, bo = t * cols + b * QK_K, t * nbs + b * 16
-                    isum = dot_unpacked_q6_k(buf, qs, xo, raw, o, bs, bo)
-                    acc[t] += (d[t, b] * dw) * np.float32(isum)
-            for t in range(T):
-                out[t, r] = acc[t]
+            ro = r * nb * 210
+            t = 0
+            while t + TILE <= T:  # tiles of 4 tokens, then the 1..3 left
+                q6_k_tile4(raw, ro, nb, qs, d, bs, t, out, r)
+                t += TILE
+            if T - t == 3:
+                q6_k_tile3(raw, ro, nb, qs, d, bs, t, out, r)
+            elif T - t == 2:
+                q6_k_tile2(raw, ro, nb, qs, d, bs, t, out, r)
+            elif T - t == 1:
+                q6_k_tile1(raw, ro, nb, qs, d, bs, t, out, r)
 
 
 @kernel(parallel=True)

@@ -1,0 +1,244 @@
+"""Register-tiled K-quant x Q8_K products for x86 AVX2, written as Numba intrinsics.
+
+One call computes ``out[t0 + j, r]`` for one weight row ``r`` and a tile of n tokens
+(j < n, n = 1..4), looping over the row's blocks inside the intrinsic:
+
+- Weights are unpacked in registers once per block and used by all n tokens of the tile
+  (prefill); a tile of 4 tokens reads and unpacks each weight byte a quarter as often as
+  token-by-token dots, and keeps 4 independent multiply-add chains busy.
+- Each token keeps eight float accumulators (one 256-bit vector) across the row's blocks.
+  A block adds its exact integer sums, scaled, lane by lane; the one horizontal sum per
+  (row, token) happens after the last block. Token-by-token block dots instead reduced
+  every block to one number before the float step.
+- The float accumulators, block scales and loop counters stay in registers for the whole
+  row: no stores between blocks.
+
+Lane layout (the portable kernels in dot.py compute exactly the same numbers, see
+``_lane_dot``): integer lane k (k < 8) of a block holds, over the block's eight 32-value
+chunks c, sum_c sc(c, k) * sum_{i = 4k .. 4k+3} w[32c + i] * x[32c + i], where w are the
+weights' integer quants (Q6_K: q - 32) and sc the scale of the sub-block that value is in.
+These are the lanes ``vpmaddubsw`` followed by ``vpmaddwd`` produce. Each lane's sum is an
+exact integer below 2**24 in magnitude, so its conversion to float is exact too. Per block,
+token and lane: ``acc += (d_x * d_w) * isum - (d_x * dmin_w) * msum`` (Q6_K: no min term),
+where Q4_K/Q5_K's msum for lane k is min_k * (the sum of the token's 32 quants of
+sub-block k). The result is ``acc[0] + acc[1] + ... + acc[7]`` in that order. No fused
+multiply-add and no reassociation: every float operation is the portable kernel's.
+
+Tokens are independent: a token's result does not depend on the tile it was computed in,
+so a decode matvec (n = 1) equals the same token's row of a prefill product bit for bit.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from sdq.kernels.simd import _Emit, _i8, _i16, _i32, _V16x8, _V16x16
+
+# Bytes: the weights are requested this far ahead of use (see dot.PREFETCH_AHEAD's note;
+# kept equal to it there).
+PREFETCH_AHEAD = 8192
+TILE = 4  # tokens per tile (prefill)
+
+_i64 = ir.IntType(64)
+_f32 = ir.FloatType()
+_V8f = ir.VectorType(_f32, 8)
+
+# Argument positions shared by every tile intrinsic:
+#   raw uint8 [nbytes] (flat weight bytes), ro int (byte offset of row r), nb int (blocks
+#   per row), qs int8 [T, cols], d f32 [T, nb], bs int16 [T, cols/16], t0 int (first token
+#   of the tile), out f32 [T, rows], r int (row)
+_RAW, _RO, _NB, _QS, _D, _BS, _T0, _OUT, _R = range(9)
+
+
+class _Gen(_Emit):
+    """_Emit plus what a whole-row loop needs: integer arguments, 2-D row offsets, floats."""
+
+    def __init__(self, context, builder, sig, args):
+        super().__init__(context, builder, sig, args)
+        self.context, self.sig = context, sig
+
+    def int_arg(self, k):
+        return self.context.cast(self.b, self.args[k], self.sig.args[k], types.int64)
+
+    def stride0(self, k):
+        return cgutils.unpack_tuple(self.b, self.arrays[k].strides, 2)[0]
+
+    def row_off(self, k, row):
+        """Byte offset of row `row` of the 2-D array argument k."""
+        return self.b.mul(row, self.stride0(k))
+
+    def i64(self, v):
+        return ir.Constant(_i64, v)
+
+    def load_scalar(self, k, off, t):
+        ptr = cgutils.pointer_add(self.b, self.arrays[k].data, off)
+        return self.b.load(self.b.bitcast(ptr, t.as_pointer()), align=1)
+
+    def load_half(self, k, off):
+        h = self.load_scalar(k, off, _i16)
+        return self.b.fpext(self.b.bitcast(h, ir.HalfType()), _f32)
+
+    def fsplat(self, v):
+        vec = self.b.insert_element(ir.Constant(_V8f, ir.Undefined), v, ir.Constant(_i32, 0))
+        return self.lanes(vec, [0] * 8)
+
+    def prefetch_block(self, o, nbytes):
+        ptr_t = ir.PointerType(_i8)
+        fn = self.fn("llvm.prefetch.p0", ir.VoidType(), [ptr_t, _i32, _i32, _i32])
+        for k in range(0, nbytes, 64):
+            p = cgutils.pointer_add(self.b, self.arrays[_RAW].data, self.off(o, PREFETCH_AHEAD + k))
+            args = [self.b.bitcast(p, ptr_t)] + [ir.Constant(_i32, v) for v in (0, 3, 1)]
+            self.b.call(fn, args)
+
+    def kscales(self, o):
+        """Q4_K/Q5_K: the block's 8 scales as <8 x i16> and its 8 mins duplicated pairwise
+        as <16 x i16> (m0, m0, m1, m1, ...), from the 12 packed bytes at raw[o+4:o+16]."""
+        b = self.b
+        w0, w1, w2 = (self.load_scalar(_RAW, self.off(o, k), _i32) for k in (4, 8, 12))
+        w0, w1, w2 = (b.zext(w, _i64) for w in (w0, w1, w2))
+        c = self.i64
+        m6, m4, m2 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+        sc_hi = b.or_(b.and_(w2, m4), b.shl(b.and_(b.lshr(w0, c(6)), m2), c(4)))
+        mn_hi = b.or_(b.and_(b.lshr(w2, c(4)), m4), b.shl(b.and_(b.lshr(w1, c(6)), m2), c(4)))
+        sc = b.or_(b.and_(w0, m6), b.shl(sc_hi, c(32)))
+        mn = b.or_(b.and_(w1, m6), b.shl(mn_hi, c(32)))
+        scales = self.packed_bytes(sc, _i16)  # <8 x i16>
+        mins = self.lanes(self.packed_bytes(mn, _i16), [j // 2 for j in range(16)])
+        return scales, mins
+
+    def tree_sum(self, terms):
+        """Sum of integer vectors as a balanced tree (short dependency chains)."""
+        while len(terms) > 1:
+            pairs = [self.b.add(a, c) for a, c in zip(terms[::2], terms[1::2], strict=False)]
+            terms = pairs + (terms[-1:] if len(terms) % 2 else [])
+        return terms[0]
+
+    def row_sum_store(self, acc, t):
+        """out[t, r] = acc[0] + acc[1] + ... + acc[7], in that order."""
+        b = self.b
+        s = b.extract_element(acc, ir.Constant(_i32, 0))
+        for k in range(1, 8):
+            s = b.fadd(s, b.extract_element(acc, ir.Constant(_i32, k)))
+        off = b.add(self.row_off(_OUT, t), b.mul(self.int_arg(_R), self.i64(4)))
+        ptr = cgutils.pointer_add(b, self.arrays[_OUT].data, off)
+        b.store(s, b.bitcast(ptr, _f32.as_pointer()), align=1)
+
+
+def _k_tile(n: int, five_bit: bool):
+    """Q4_K (five_bit False) or Q5_K tile intrinsic for n tokens."""
+    bpb = 176 if five_bit else 144  # bytes per block
+    qoff = 48 if five_bit else 16  # offset of the 4-bit quants in the block
+
+    def codegen(context, builder, sig, args):
+        g = _Gen(context, builder, sig, args)
+        b = builder
+        ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
+        toks = [b.add(t0, g.i64(j)) for j in range(n)]
+        xrow = [g.row_off(_QS, t) for t in toks]  # byte offsets of each token's rows
+        drow = [g.row_off(_D, t) for t in toks]
+        brow = [g.row_off(_BS, t) for t in toks]
+        accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
+        m4, one = g.splat(15), g.splat(1)
+        with cgutils.for_range(b, nb) as loop:
+            blk = loop.index
+            o = b.add(ro, b.mul(blk, g.i64(bpb)))
+            g.prefetch_block(o, bpb)
+            scales, mins = g.kscales(o)
+            dw, dmw = g.load_half(_RAW, o), g.load_half(_RAW, g.off(o, 2))
+            xb = b.mul(blk, g.i64(256))  # this block's first activation (byte offset)
+            qh = g.load(_RAW, g.off(o, 16)) if five_bit else None
+            terms = [[] for _ in range(n)]  # per token: <8 x i32> partial sums
+            for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
+                q = g.load(_RAW, g.off(o, qoff + 32 * p))
+                lo, hi = b.and_(q, m4), b.lshr(q, g.splat(4))
+                if five_bit:
+                    h0 = b.and_(b.lshr(qh, g.splat(2 * p)), one)
+                    h1 = b.and_(b.lshr(qh, g.splat(2 * p + 1)), one)
+                    lo = b.or_(lo, b.shl(h0, g.splat(4)))
+                    hi = b.or_(hi, b.shl(h1, g.splat(4)))
+                s_lo = g.lanes(scales, [2 * p] * 16)
+                s_hi = g.lanes(scales, [2 * p + 1] * 16)
+                for j in range(n):
+                    xo = b.add(xrow[j], xb)
+                    pl = g.maddubs(lo, g.load(_QS, g.off(xo, 64 * p)))
+                    ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
+                    terms[j] += [g.maddwd(pl, s_lo), g.maddwd(ph, s_hi)]
+            isum = [g.tree_sum(t) for t in terms]
+            for j in range(n):
+                dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
+                bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(32))), _V16x16)
+                msum = g.maddwd(bs16, mins)  # lane k: m_k * (sum of sub-block k's quants)
+                scaled = b.fsub(
+                    b.fmul(g.fsplat(b.fmul(dx, dw)), b.sitofp(isum[j], _V8f)),
+                    b.fmul(g.fsplat(b.fmul(dx, dmw)), b.sitofp(msum, _V8f)),
+                )
+                b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
+        for j in range(n):
+            g.row_sum_store(b.load(accs[j]), toks[j])
+        return context.get_dummy_value()
+
+    @intrinsic
+    def tile(typingctx, raw, ro, nb, qs, d, bs, t0, out, r):
+        return types.void(raw, ro, nb, qs, d, bs, t0, out, r), codegen
+
+    return tile
+
+
+def _q6_k_tile(n: int):
+    """Q6_K tile intrinsic for n tokens."""
+
+    def codegen(context, builder, sig, args):
+        g = _Gen(context, builder, sig, args)
+        b = builder
+        ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
+        toks = [b.add(t0, g.i64(j)) for j in range(n)]
+        xrow = [g.row_off(_QS, t) for t in toks]
+        drow = [g.row_off(_D, t) for t in toks]
+        accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
+        m4, m2, k32 = g.splat(15), g.splat(3), g.splat(32)
+        with cgutils.for_range(b, nb) as loop:
+            blk = loop.index
+            o = b.add(ro, b.mul(blk, g.i64(210)))
+            g.prefetch_block(o, 210)
+            scales = b.sext(g.load(_RAW, g.off(o, 192), _V16x8), _V16x16)  # 16 signed scales
+            dw = g.load_half(_RAW, g.off(o, 208))
+            xb = b.mul(blk, g.i64(256))
+            terms = [[] for _ in range(n)]
+            for h in range(2):  # two halves of 128 values
+                ql0 = g.load(_RAW, g.off(o, 64 * h))
+                ql1 = g.load(_RAW, g.off(o, 64 * h + 32))
+                qh = g.load(_RAW, g.off(o, 128 + 32 * h))
+                lows = [b.and_(ql0, m4), b.and_(ql1, m4), b.lshr(ql0, g.splat(4))]
+                lows.append(b.lshr(ql1, g.splat(4)))
+                for c in range(4):  # values 128h + 32c + i: high bits 2c, 2c+1 of qh[i]
+                    hb = b.and_(b.lshr(qh, g.splat(2 * c)), m2)
+                    u = b.or_(lows[c], b.shl(hb, g.splat(4)))  # q + 32, unsigned
+                    s = 8 * h + 2 * c
+                    sv = g.lanes(scales, [s] * 8 + [s + 1] * 8)
+                    for j in range(n):
+                        x = g.load(_QS, g.off(b.add(xrow[j], xb), 128 * h + 32 * c))
+                        # (q + 32) x - 32 x pairwise: |.| <= 2 * 32 * 127, no saturation
+                        pr = b.sub(g.maddubs(u, x), g.maddubs(k32, x))
+                        terms[j].append(g.maddwd(pr, sv))
+            isum = [g.tree_sum(t) for t in terms]
+            for j in range(n):
+                dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
+                scaled = b.fmul(g.fsplat(b.fmul(dx, dw)), b.sitofp(isum[j], _V8f))
+                b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
+        for j in range(n):
+            g.row_sum_store(b.load(accs[j]), toks[j])
+        return context.get_dummy_value()
+
+    @intrinsic
+    def tile(typingctx, raw, ro, nb, qs, d, bs, t0, out, r):
+        return types.void(raw, ro, nb, qs, d, bs, t0, out, r), codegen
+
+    return tile
+
+
+q4_k_tile1, q4_k_tile2, q4_k_tile3, q4_k_tile4 = (_k_tile(n, False) for n in range(1, 5))
+q5_k_tile1, q5_k_tile2, q5_k_tile3, q5_k_tile4 = (_k_tile(n, True) for n in range(1, 5))
+q6_k_tile1, q6_k_tile2, q6_k_tile3, q6_k_tile4 = (_q6_k_tile(n) for n in range(1, 5))
