@@ -28,9 +28,13 @@ real `sdq.pager.ExpertCache` (experts paged from the file into the arena) or `Re
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 from sdq.errors import ReadError, SdqError, UnsupportedError
@@ -398,11 +402,7 @@ class Engine:
             chunk = union[c : c + step]
             handle = self.experts.acquire(il, chunk)
             try:
-                for i in _ready_order(handle, len(chunk)):
-                    tw = time.perf_counter()
-                    handle.wait(i)
-                    wait_s += time.perf_counter() - tw
-                    self._expert(int(chunk[i]), handle.views(i), ids, weights, T, acts)
+                wait_s += self._run_experts(chunk, handle, ids, weights, T, acts)
             finally:
                 self.experts.release(handle)
         parts = ws.ffn_parts[:T]  # [T, K, D]
@@ -414,12 +414,74 @@ class Engine:
         self.timers.add("io_wait", wait_s)
         self.timers.add("expert_compute", t2 - t1 - wait_s)
 
-    def _expert(self, e: int, views, ids, weights, T: int, acts: Activations) -> None:
+    def _run_experts(self, chunk, handle, ids, weights, T: int, acts: Activations) -> float:
+        """Compute the chunk's experts as their bytes become ready; return the seconds spent
+        waiting for them.
+
+        Prefill with n > 1 Numba threads: an expert gets ~T*K/E tokens, too little work to
+        split its rows across threads (every product would wake the other threads). Whole
+        experts go to n worker threads instead, each running single-threaded kernels on its
+        own buffers, so one worker's Python between products overlaps another's kernels.
+        This thread waits for each expert's bytes (in ready order) and hands it on; its wait
+        time, reported as io_wait, may then overlap the workers' compute."""
+        order = _ready_order(handle, len(chunk))
+        workers = numba.get_num_threads() if T > 1 else 1
+        wait_s = 0.0
+        if workers == 1:
+            for i in order:
+                tw = time.perf_counter()
+                handle.wait(i)
+                wait_s += time.perf_counter() - tw
+                self._expert(int(chunk[i]), handle.views(i), ids, weights, T, acts)
+            return wait_s
+        pool = self._expert_pool(workers)
+        futures = []
+        try:
+            for i in order:
+                tw = time.perf_counter()
+                handle.wait(i)
+                wait_s += time.perf_counter() - tw
+                e, views = int(chunk[i]), handle.views(i)
+                futures.append(pool.submit(self._expert_on_worker, e, views, ids, weights, T))
+        finally:
+            wait_all(futures)  # no worker may still read a slot when the handle is released
+        for f in futures:
+            f.result()  # a worker's error is raised here
+        return wait_s
+
+    def _expert_pool(self, workers: int) -> ThreadPoolExecutor:
+        pool = getattr(self, "_pool", None)
+        if pool is None or pool._max_workers != workers:
+            if pool is not None:
+                pool.shutdown()
+            pool = self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sdq-expert")
+            self._worker_bufs = threading.local()
+        return pool
+
+    def _expert_on_worker(self, e: int, views, ids, weights, T: int) -> None:
+        """_expert on a pool thread: single-threaded kernels, the thread's own buffers
+        (ffn_in, ffn_gate, ffn_up, ffn_down shaped as the workspace's: ~2.6 MB per worker
+        for the mini model at n_ubatch 128; not in the memory plan)."""
+        numba.set_num_threads(1)  # this thread's kernels only
+        local = self._worker_bufs
+        if not hasattr(local, "bufs"):
+            ws = self.ws
+            like = (ws.ffn_in, ws.ffn_gate, ws.ffn_up, ws.ffn_down)
+            local.bufs = tuple(np.empty_like(a) for a in like)
+        self._expert(e, views, ids, weights, T, None, local.bufs)
+
+    def _expert(
+        self, e: int, views, ids, weights, T: int, acts: Activations | None, bufs=None
+    ) -> None:
         """ffn_parts[t, k] = w[t, k] * down(silu(gate x_t) * up x_t) for the tokens t routed to
         e, k being e's place in t's top-K.
 
-        acts: the layer's normed input xn [T, D], converted once for every expert (decode)."""
+        acts: the layer's normed input xn [T, D], converted once for every expert (decode).
+        bufs: (ffn_in [>=T, D], ffn_gate [>=T, F], ffn_up [>=T, F], ffn_down [>=T, D]) scratch;
+        default the workspace's."""
         ws = self.ws
+        bufs = bufs or (ws.ffn_in, ws.ffn_gate, ws.ffn_up, ws.ffn_down)
+        ffn_in, ffn_gate, ffn_up, ffn_down = bufs
         (F, D), _, _ = self.expert_shapes
         gq, uq, dq = self.expert_qtypes[self._layer]
         gate_raw, up_raw, down_raw = views
@@ -432,10 +494,10 @@ class Engine:
             rows, slots = np.nonzero(ids == e)  # tokens routed to e, and where in their top-K
             w = weights[rows, slots][:, None]  # [n, 1]
             n = rows.shape[0]
-            xin = ws.ffn_in[:n]  # [n, D]
+            xin = ffn_in[:n]  # [n, D]
             np.take(ws.xn[:T], rows, axis=0, out=xin)
             acts = Activations(xin)
-        g, u, d = ws.ffn_gate[:n], ws.ffn_up[:n], ws.ffn_down[:n]  # [n, F] [n, F] [n, D]
+        g, u, d = ffn_gate[:n], ffn_up[:n], ffn_down[:n]  # [n, F] [n, F] [n, D]
         matmul_q(gate_raw, gq, F, D, acts.of(gq), g)
         matmul_q(up_raw, uq, F, D, acts.of(uq), u)
         ops.silu_mul(g, u)
