@@ -294,6 +294,9 @@ class Engine:
         self._layer = -1
         self.timers = Timers()
         self.route_log = None  # sdq.pager.RouteLog: one JSON line per token and layer
+        # decode: after a layer's experts are requested, guess the next layer's and prefetch the
+        # prefetch_next most probable of them (0: off)
+        self.prefetch_next = 0
         self.phase = "prefill"
         self.n_past = 0
 
@@ -398,9 +401,12 @@ class Engine:
         wait_s = 0.0
         # a prefill ubatch may route to more experts than the arena can pin at once
         step = int(getattr(self.experts, "max_acquire", len(union)) or len(union))
+        guess_s = 0.0
         for c in range(0, len(union), step):
             chunk = union[c : c + step]
             handle = self.experts.acquire(il, chunk)
+            if self.prefetch_next and T == 1 and il + 1 < len(self.weights.layers):
+                guess_s = self._prefetch_next(il)
             try:
                 wait_s += self._run_experts(chunk, handle, ids, weights, T, acts)
             finally:
@@ -412,7 +418,24 @@ class Engine:
         x += out
         t2 = time.perf_counter()
         self.timers.add("io_wait", wait_s)
-        self.timers.add("expert_compute", t2 - t1 - wait_s)
+        self.timers.add("router", guess_s)
+        self.timers.add("expert_compute", t2 - t1 - wait_s - guess_s)
+
+    def _prefetch_next(self, il: int) -> float:
+        """Decode: layer il+1's router applied to the residual as it is now (before layer il's
+        expert output and layer il+1's attention are added) guesses il+1's experts; the pager
+        starts reading them behind il's misses. Returns the seconds spent."""
+        t0 = time.perf_counter()
+        s, ws, nxt = self.spec, self.ws, self.weights.layers[il + 1]
+        if ws.router.shape[0] < 2:
+            return 0.0
+        xin, logits = ws.ffn_in[:1], ws.router[1:2]  # [1, D], [1, E]: idle in a decode step
+        ids, w = ws.topk_ids[1:2], ws.topk_w[1:2]  # [1, K]
+        ops.rms_norm(ws.x[:1], nxt.ffn_norm, s.rms_eps, xin)
+        nxt.router.mul(Activations(xin), logits)
+        ops.softmax_topk(logits, s.n_expert_used, s.norm_topk_prob, ids, w)
+        self.experts.prefetch(il + 1, ids[0, : self.prefetch_next])  # most probable first
+        return time.perf_counter() - t0
 
     def _run_experts(self, chunk, handle, ids, weights, T: int, acts: Activations) -> float:
         """Compute the chunk's experts as their bytes become ready; return the seconds spent

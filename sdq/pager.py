@@ -46,8 +46,14 @@ Policy.
   the expert is admitted after all (counted as `overflow_admits`) rather than failing.
   Hot pinning (seed SDQ_HOT_PIN): the first `hot_pin` entries of a (layer, expert) ranking are
   read at start and stay pinned for the whole run, outside the LRU.
-  Prefetch: `prefetch(layer, ids)` reads experts into free or evictable slots without pinning
-  them and without counting lookups; a later acquire finds them as hits.
+  Prefetch: `prefetch(layer, ids)` reads experts that are not cached without counting
+  lookups. Under lru they take free or evictable slots and a later acquire finds them as hits.
+  Under lrfu_bypass they are read into `prefetch_slots` extra streaming slots and change no
+  cache decision: the acquire that requests one still counts a miss and applies the policy
+  (admitted: the prefetched slot becomes the cache slot and the victim's slot a streaming one;
+  bypassed: it is used from its streaming slot), but reads nothing (`prefetch_hits`). The
+  next acquire drops the streamed experts it does not request (`prefetch_unused`: a wrong
+  guess, whose bytes stay counted in bytes_read).
   Several Python threads may acquire and release concurrently: the bookkeeping is under one
   lock; waiting for reads happens outside it.
 
@@ -92,6 +98,7 @@ class CacheSettings:
     scope: str = "global"  # one cache over all slots, or one per "layer"
     policy: str = "auto"  # "lru", "lrfu_bypass" or "auto" (module docstring)
     half_life: float = 32.0  # lrfu_bypass: tokens per halving of a lookup's weight
+    prefetch_slots: int = 0  # lrfu_bypass: streaming slots for prefetches (module docstring)
     min_hits: int = 1  # admission: take a slot on the min_hits-th lookup (1 = always)
     hot: tuple[tuple[int, int], ...] = ()  # (layer, expert) ranking, most used first
     hot_pin: int = 0  # pin the first hot_pin entries of `hot` for the whole run
@@ -108,6 +115,8 @@ class CacheSettings:
             raise ParamsError(f"half_life {self.half_life}: expected > 0 tokens")
         if self.min_hits < 1:
             raise ParamsError(f"min_hits {self.min_hits}: expected >= 1")
+        if self.prefetch_slots < 0:
+            raise ParamsError(f"prefetch_slots {self.prefetch_slots}: expected >= 0")
         if self.min_hits > 1 and self.policy == "lrfu_bypass":
             raise ParamsError("min_hits > 1 is an LRU admission rule: use it with policy lru")
         if self.hot_pin < 0 or self.hot_pin > len(self.hot):
@@ -256,6 +265,8 @@ class ExpertCache:
         n_layers = len(self.table.layers)
         self.policy = self._resolve_policy(plan.slots, n_layers)
         n_scratch = self.K if s.min_hits > 1 or self.policy == "lrfu_bypass" else 0
+        if self.policy == "lrfu_bypass":
+            n_scratch += s.prefetch_slots
         n_lru = plan.slots - n_scratch - s.hot_pin
         per_scope_min = self.K * (n_layers if s.scope == "layer" else 1)
         if n_lru < per_scope_min:
@@ -297,6 +308,8 @@ class ExpertCache:
         self._token = 0  # token clock of lrfu_bypass
         self._last_row = -1
         self._inflight: list[ReadBatch] = []
+        self._streamed: dict[tuple[int, int], tuple[int, tuple[ReadBatch, int]]] = {}
+        self._draining: list[tuple[int, tuple[ReadBatch, int]]] = []  # dropped, still reading
         self._counters = dict.fromkeys(
             (
                 "lookups",
@@ -307,6 +320,7 @@ class ExpertCache:
                 "inflight_hits",
                 "prefetches",
                 "prefetch_hits",
+                "prefetch_unused",
                 "read_errors",
                 "overflow_admits",
                 "reads",
@@ -337,6 +351,8 @@ class ExpertCache:
             if row <= self._last_row:
                 self._token += 1
             self._last_row = row
+            if self._streamed:
+                self._drop_streamed(row, ids)
             bypass_policy = self.policy == "lrfu_bypass"
             group = {(row, e) for e in ids}
             weakest: list | None = None  # lrfu_bypass: eviction candidates, built on demand
@@ -381,17 +397,27 @@ class ExpertCache:
                         admit = entry is not None or not self._scratch
                     else:
                         admit = seen >= self.settings.min_hits or not self._scratch
+                    streamed = self._streamed.pop(key, None)
+                    if streamed is not None:
+                        admit = entry is not None  # bypassed: its prefetch slot streams it
                     if admit:
                         if entry is None and (bypass_policy or seen < self.settings.min_hits):
                             c["overflow_admits"] += 1  # no scratch slot left: admit instead
                         if entry is None:
                             entry = self._admit(row, key, group)
                         entry.pins = 1
-                        slots.append(entry.slot)
                         entries.append(entry)
+                        if streamed is not None:  # swap: the prefetched slot joins the cache
+                            self._scratch.append(entry.slot)
+                            entry.slot, entry.pending = streamed
+                        slots.append(entry.slot)
                     else:
-                        slots.append(self._scratch.pop())
+                        slots.append(self._scratch.pop() if streamed is None else streamed[0])
                         entries.append(None)
+                    if streamed is not None:
+                        c["prefetch_hits"] += 1
+                        waits.append(streamed[1])
+                        continue
                     waits.append(None)
                     load.append(i)
             except BaseException:
@@ -442,6 +468,8 @@ class ExpertCache:
         row = self.table.row(layer)
         ids = tuple(dict.fromkeys(int(e) for e in expert_ids))
         self._check_ids(ids)
+        if self.policy == "lrfu_bypass":
+            return self._prefetch_streamed(row, ids)
         with self._lock:
             self._check_open()
             self._harvest()
@@ -467,6 +495,27 @@ class ExpertCache:
                 for entry in new:
                     entry.pins = 0
             return len(new)
+
+    def _prefetch_streamed(self, row: int, ids: tuple[int, ...]) -> int:
+        """lrfu_bypass prefetch: uncached experts into free streaming slots, at most
+        prefetch_slots of them outstanding."""
+        with self._lock:
+            self._check_open()
+            self._harvest()
+            spare = min(len(self._scratch), self.settings.prefetch_slots - len(self._streamed))
+            keys = [
+                (row, e)
+                for e in ids
+                if (row, e) not in self._entries and (row, e) not in self._streamed
+            ][: max(spare, 0)]
+            if not keys:
+                return 0
+            slots = [self._scratch.pop() for _ in keys]
+            batch = self._submit(row, [e for _, e in keys], slots)
+            for g, (key, slot) in enumerate(zip(keys, slots, strict=True)):
+                self._streamed[key] = (slot, (batch, g))
+            self._counters["prefetches"] += len(keys)
+            return len(keys)
 
     def log_route(self, phase: str, pos: int, layer: int, experts, weights=()) -> None:
         """Appends one route record when a route log is set (no-op otherwise)."""
@@ -510,6 +559,7 @@ class ExpertCache:
             s["slots"] = self.plan.slots
             s["slot_bytes"] = self.plan.slot_bytes
             s["cached"] = len(self._entries)
+            s["streamed"] = len(self._streamed)
             s["layers"] = {
                 int(self.table.layers[r]): [int(x) for x in self._layer_counts[r]]
                 for r in range(len(self.table.layers))
@@ -555,6 +605,25 @@ class ExpertCache:
             return s.policy
         small = slots < n_layers * self.K and slots - s.hot_pin >= 2 * self.K
         return "lrfu_bypass" if s.scope == "global" and s.min_hits == 1 and small else "lru"
+
+    def _drop_streamed(self, row: int, ids: tuple[int, ...]) -> None:
+        """Forgets prefetched experts this acquire does not request; their slots return to the
+        streaming pool once their reads are over."""
+        wanted = {(row, e) for e in ids}
+        for key in [k for k in self._streamed if k not in wanted]:
+            slot, pending = self._streamed.pop(key)
+            self._counters["prefetch_unused"] += 1
+            self._draining.append((slot, pending))
+        self._reclaim()
+
+    def _reclaim(self) -> None:
+        keep = []
+        for slot, (batch, g) in self._draining:
+            if batch.done(g):
+                self._scratch.append(slot)
+            else:
+                keep.append((slot, (batch, g)))
+        self._draining = keep
 
     def _scope(self, row: int) -> int:
         return row if self.settings.scope == "layer" else 0
@@ -696,6 +765,8 @@ class ExpertCache:
 
     def _harvest(self) -> None:
         """Accounts finished batches (read time, failures of reads nobody waited for)."""
+        if self._draining:
+            self._reclaim()
         keep = []
         for batch in self._inflight:
             if not batch.all_done():

@@ -69,6 +69,7 @@ class PeerSettings:
     reserve_mb: float = 100.0  # sdq's head room inside its budget (the plan's `reserve`)
     sdq_cache_mode: str = "pagecache"  # how sdq's pager reads experts (sdq chat --cache-mode)
     sdq_cache_policy: str = "auto"  # sdq's expert replacement (sdq chat --cache-policy)
+    sdq_prefetch_next: int = 0  # sdq chat --prefetch-next N
     io_threads: int | None = None  # sdq's expert read threads (None: 3 x threads)
     # OpenMP idle workers, for both engines alike: PASSIVE (block; sdq's own default) or ACTIVE
     # (spin). llama.cpp's ggml uses OpenMP too; spinning workers collapse on a busy machine.
@@ -598,6 +599,7 @@ class _SdqChild:
             io_threads=s.io_threads,
             cache_mode=s.sdq_cache_mode,
             cache_policy=s.sdq_cache_policy,
+            prefetch_next=s.sdq_prefetch_next,
         )
         self.session = Session(self.run_settings)
 
@@ -635,6 +637,8 @@ class _SdqChild:
             "expert_compute_ms_per_token": f.get("expert_compute_ms_per_token"),
             "slots": f.get("slots"),
             "cache_policy": f.get("expert_cache", {}).get("policy"),
+            "prefetches": f.get("expert_cache", {}).get("prefetches"),
+            "prefetch_hits": f.get("expert_cache", {}).get("prefetch_hits"),
             "slot_bytes": f.get("slot_bytes"),
             "generated_ids": list(g.generated_ids),
         }

@@ -37,6 +37,7 @@ class RunSettings:
     io_split: int = 1
     cache_mode: str = "pagecache"
     cache_policy: str = "auto"  # sdq.pager.CacheSettings.policy: auto, lru, lrfu_bypass
+    prefetch_next: int = 0  # decode: read this many guessed experts of the next layer early
     route_log: str | None = None
 
     @classmethod
@@ -60,6 +61,7 @@ class RunSettings:
             io_split=args.io_split,
             cache_mode=args.cache_mode,
             cache_policy=getattr(args, "cache_policy", "auto"),
+            prefetch_next=getattr(args, "prefetch_next", 0),
             route_log=args.route_log,
         )
 
@@ -74,6 +76,8 @@ class Session:
         from sdq.workspace import Workspace
 
         s = self.settings = settings
+        if s.prefetch_next < 0:
+            raise ParamsError(f"--prefetch-next {s.prefetch_next}: expected >= 0 experts")
         self.model = model = open_model(s.model)
         model.require_experts()
         model.require_compute()
@@ -110,11 +114,14 @@ class Session:
             io = IOSettings(
                 threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
             )
-            experts = ExpertCache(
-                model, self.plan, io=io, settings=CacheSettings(policy=s.cache_policy)
+            cs = CacheSettings(
+                policy=s.cache_policy,
+                prefetch_slots=min(s.prefetch_next, model.spec.n_expert_used),
             )
+            experts = ExpertCache(model, self.plan, io=io, settings=cs)
         self.experts = experts
         self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
+        self.engine.prefetch_next = 0 if s.resident else s.prefetch_next
         if s.route_log:
             from sdq.pager import RouteLog
 

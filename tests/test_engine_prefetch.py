@@ -1,16 +1,19 @@
-"""What a next-layer expert prefetch relies on from the pager: a prefetch never takes a pinned
-slot, and the experts of one prefetch never share a slot.
+"""Next-layer expert prefetch: what it relies on from the pager (a prefetch never takes a
+pinned slot, the experts of one prefetch never share a slot), and the engine's decode with it.
 
 Dimension key: E experts per layer, K used per token (engine_support.Dims: 12, 3).
 """
 
+import numpy as np
 import pytest
 from engine_support import Dims, write_model
 from gguf.constants import GGMLQuantizationType as Q
 
+from sdq.engine import Engine, ResidentExperts
 from sdq.gguf import open_model
 from sdq.memory import plan_for_slots
-from sdq.pager import ExpertCache
+from sdq.pager import CacheSettings, ExpertCache
+from sdq.workspace import Workspace
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +71,35 @@ def test_prefetched_experts_hold_their_own_bytes(q8_model):
                 assert [v.tobytes() for v in check.views(i)] == file_bytes(q8_model, nxt, e)
             cache.release(check)
         assert cache.stats["prefetch_hits"] > 0
+
+
+def decode(model, experts, tokens, prefetch):
+    """Prefill tokens[:4], then decode the rest one at a time; -> logits [T-4, V]."""
+    ws = Workspace.allocate(model.spec, 64, 8)
+    engine = Engine(model, experts, ws, 64, 8)
+    engine.prefetch_next = model.spec.n_expert_used if prefetch else 0
+    engine.forward(tokens[:4], "none")
+    engine.phase = "decode"
+    return np.stack(
+        [engine.forward(tokens[i : i + 1], "last").copy() for i in range(4, len(tokens))]
+    )
+
+
+@pytest.mark.parametrize("policy, extra", [("lrfu_bypass", 0), ("lru", 12)])
+def test_next_layer_prefetch_keeps_the_logits(q8_model, policy, extra):
+    """Decoding with next-layer guesses gives the resident logits to the bit; the guesses are
+    counted (used ones read nothing again, wrong ones are extra reads)."""
+    spec = q8_model.spec
+    K, L = spec.n_expert_used, spec.n_layer
+    tokens = np.random.default_rng(2).integers(0, spec.n_vocab, 30)
+    base = decode(q8_model, ResidentExperts(q8_model), tokens, prefetch=False)
+    settings = CacheSettings(policy=policy, prefetch_slots=K)
+    plan = plan_for_slots(q8_model, L * K - 1 + K + extra)  # below one token's experts + K
+    with ExpertCache(q8_model, plan, settings=settings) as cache:
+        got = decode(q8_model, cache, tokens, prefetch=True)
+        s = cache.stats
+    assert np.array_equal(got, base)
+    assert s["policy"] == policy
+    assert s["prefetches"] > 0 and s["prefetch_hits"] > 0
+    if policy == "lrfu_bypass":
+        assert s["prefetches"] == s["prefetch_hits"] + s["prefetch_unused"] + s["streamed"]

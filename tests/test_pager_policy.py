@@ -123,3 +123,67 @@ def test_bad_settings_are_one_line_errors(model):
         ExpertCache(
             model, plan_for_slots(model, K + 1), settings=CacheSettings(policy="lrfu_bypass")
         )
+
+
+def replay_prefetching(model, trace, settings, slots, guess):
+    """Like replay, but after each acquire prefetches guess(t, row) for the next layer, as the
+    engine does (the last layer's guess is the next token's layer 0)."""
+    misses = []
+    flat = [(t, row) for t in range(len(trace)) for row in range(L)]
+    with ExpertCache(model, plan_for_slots(model, slots), settings=settings) as cache:
+        n = 0
+        for i, (t, row) in enumerate(flat):
+            ids = trace[t, row]
+            h = cache.acquire(model.experts.layers[row], ids)
+            if i + 1 < len(flat):
+                t1, row1 = flat[i + 1]
+                cache.prefetch(model.experts.layers[row1], guess(t1, row1))
+            for j, e in enumerate(ids):
+                h.wait(j)
+                want = model.expert_bytes(h.layer, int(e))
+                assert [v.tobytes() for v in h.views(j)] == want
+            n += h.hits.count(False)
+            cache.release(h)
+            if row == L - 1:
+                misses.append(n)
+                n = 0
+        return np.array(misses), cache.stats
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 10_000), slots=st.integers(2 * K, L * K - 1), right=st.floats(0, 1))
+def test_streamed_prefetch_changes_no_cache_decision(model, seed, slots, right):
+    """Prefetches (right with probability `right`, else random experts) read into their own
+    streaming slots: the misses stay the simulation's, used prefetches read nothing again,
+    wrong ones are counted, and every view holds its expert's bytes."""
+    trace = skewed_trace(seed, tokens=30)
+    rng = np.random.default_rng(seed + 1)
+
+    def guess(t, row):
+        if rng.random() < right:
+            return trace[t, row]
+        return rng.choice(E, K, replace=False)
+
+    cs = CacheSettings(policy="lrfu_bypass", half_life=8.0, prefetch_slots=K)
+    misses, stats = replay_prefetching(model, trace, cs, slots + K, guess)
+    plain, plain_stats = replay(
+        model, trace, CacheSettings(policy="lrfu_bypass", half_life=8.0), slots
+    )
+    assert misses.tolist() == plain.tolist()
+    s = stats
+    assert s["prefetches"] == s["prefetch_hits"] + s["prefetch_unused"] + s["streamed"]
+    # a used prefetch replaces a read; a wrong one is an extra read
+    assert s["expert_bytes_read"] >= plain_stats["expert_bytes_read"]
+    if right == 1.0:
+        assert s["prefetch_unused"] == 0 and s["prefetch_hits"] > 0
+        assert s["expert_bytes_read"] == plain_stats["expert_bytes_read"]
+
+
+def test_perfect_prefetch_serves_every_miss(model):
+    trace = skewed_trace(11, tokens=40)
+    cs = CacheSettings(policy="lrfu_bypass", half_life=8.0, prefetch_slots=K)
+    misses, s = replay_prefetching(model, trace, cs, L * K - 1 + K, lambda t, row: trace[t, row])
+    # all misses but the very first acquire's were prefetched
+    assert s["prefetch_hits"] == s["misses"] - K == int(misses.sum()) - K

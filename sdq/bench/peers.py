@@ -41,6 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="sdq's expert replacement policy (sdq chat --cache-policy)",
     )
+    p.add_argument(
+        "--sdq-prefetch-next",
+        type=int,
+        default=0,
+        metavar="N",
+        help="sdq reads the N most probable guessed experts of the next layer early "
+        "(sdq chat --prefetch-next)",
+    )
     p.add_argument("--io-threads", type=int, help="sdq's expert read threads")
     p.add_argument(
         "--systems",
@@ -84,6 +92,7 @@ def run(args) -> int:
         reserve_mb=args.reserve_mb,
         sdq_cache_mode=args.sdq_cache_mode,
         sdq_cache_policy=args.sdq_cache_policy,
+        sdq_prefetch_next=args.sdq_prefetch_next,
         io_threads=args.io_threads,
         omp_wait_policy=args.omp_wait_policy,
         timeout_s=args.timeout_s,

@@ -54,6 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "rest; auto (default) uses it when the arena holds fewer than one token's experts",
     )
     p.add_argument(
+        "--prefetch-next",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decode: guess the next layer's experts with its router and start reading the N "
+        "most probable (default 0: off)",
+    )
+    p.add_argument(
         "--resident", action="store_true", help="copy every expert into RAM (no pager, no budget)"
     )
     p.add_argument("--route-log", help="write each token's experts per layer (JSON lines)")
