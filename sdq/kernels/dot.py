@@ -190,11 +190,11 @@ def _sum8(acc, t):
 
 
 @inline
-def _k_lanes(acc, t, a, m, isum, mins, bs, b):
-    """acc[t, k] += a * isum[k] - m * min_k * (sum of the 32 quants of sub-block k)."""
+def _k_lanes(acc, t, dx, dw, dmw, isum, mins, bs, b):
+    """acc[t, k] += dx * (dw * isum[k] - dmw * min_k * (sum of the 32 quants of sub-block k))."""
     for k in range(8):
         msum = mins[k] * (bs[t, b * 16 + 2 * k] + bs[t, b * 16 + 2 * k + 1])
-        acc[t, k] += a * np.float32(isum[k]) - m * np.float32(msum)
+        acc[t, k] += dx * (dw * np.float32(isum[k]) - dmw * np.float32(msum))
 
 
 @kernel(parallel=True)
@@ -212,8 +212,7 @@ def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch):
                 dw, dmw = _unpack_q4_k(raw, (r * nb + b) * 144, w, mins)
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
-                    dx = d[t, b]
-                    _k_lanes(acc, t, dx * dw, dx * dmw, isum, mins, bs, b)
+                    _k_lanes(acc, t, d[t, b], dw, dmw, isum, mins, bs, b)
             for t in range(T):
                 out[t, r] = _sum8(acc, t)
 
@@ -233,8 +232,7 @@ def _mm_q5_k(raw, rows, cols, qs, d, bs, out, nch):
                 dw, dmw = _unpack_q5_k(raw, (r * nb + b) * 176, w, mins)
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
-                    dx = d[t, b]
-                    _k_lanes(acc, t, dx * dw, dx * dmw, isum, mins, bs, b)
+                    _k_lanes(acc, t, d[t, b], dw, dmw, isum, mins, bs, b)
             for t in range(T):
                 out[t, r] = _sum8(acc, t)
 

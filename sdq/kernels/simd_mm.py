@@ -19,7 +19,8 @@ chunks c, sum_c sc(c, k) * sum_{i = 4k .. 4k+3} w[32c + i] * x[32c + i], where w
 weights' integer quants (Q6_K: q - 32) and sc the scale of the sub-block that value is in.
 These are the lanes ``vpmaddubsw`` followed by ``vpmaddwd`` produce. Each lane's sum is an
 exact integer below 2**24 in magnitude, so its conversion to float is exact too. Per block,
-token and lane: ``acc += (d_x * d_w) * isum - (d_x * dmin_w) * msum`` (Q6_K: no min term),
+token and lane: ``acc += d_x * (d_w * isum - dmin_w * msum)`` for Q4_K/Q5_K (the weight
+scales are broadcast once per block for all tokens) and ``acc += (d_x * d_w) * isum`` for Q6_K,
 where Q4_K/Q5_K's msum for lane k is min_k * (the sum of the token's 32 quants of
 sub-block k). The result is ``acc[0] + acc[1] + ... + acc[7]`` in that order. No fused
 multiply-add and no reassociation: every float operation is the portable kernel's.
@@ -167,14 +168,15 @@ def _k_tile(n: int, five_bit: bool):
                     ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
                     terms[j] += [g.maddwd(pl, s_lo), g.maddwd(ph, s_hi)]
             isum = [g.tree_sum(t) for t in terms]
+            dw_v, dmw_v = g.fsplat(dw), g.fsplat(dmw)  # shared by the tile's tokens
             for j in range(n):
                 dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
                 bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(32))), _V16x16)
                 msum = g.maddwd(bs16, mins)  # lane k: m_k * (sum of sub-block k's quants)
-                scaled = b.fsub(
-                    b.fmul(g.fsplat(b.fmul(dx, dw)), b.sitofp(isum[j], _V8f)),
-                    b.fmul(g.fsplat(b.fmul(dx, dmw)), b.sitofp(msum, _V8f)),
+                block = b.fsub(
+                    b.fmul(dw_v, b.sitofp(isum[j], _V8f)), b.fmul(dmw_v, b.sitofp(msum, _V8f))
                 )
+                scaled = b.fmul(g.fsplat(dx), block)
                 b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
         for j in range(n):
             g.row_sum_store(b.load(accs[j]), toks[j])
