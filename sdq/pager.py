@@ -36,7 +36,7 @@ Policy.
   (counted as `bypassed`). A token starts when an acquire's layer is not after the previous
   acquire's layer (prefill chunks of one layer count as tokens too).
   "auto" (default): lrfu_bypass for global scope when the slots are fewer than n_layers x K
-  (and leave K for the cache), else lru.
+  (and leave K for the cache beside the streaming slots), else lru.
   An acquire never evicts an expert it requests itself.
   Pinning: every expert of an acquire is pinned until release; a pinned slot is never evicted.
   When no slot can be evicted the acquire fails with PlanError (all slots pinned).
@@ -603,7 +603,8 @@ class ExpertCache:
         s = self.settings
         if s.policy != "auto":
             return s.policy
-        small = slots < n_layers * self.K and slots - s.hot_pin >= 2 * self.K
+        room = slots - s.hot_pin - s.prefetch_slots  # K cache + K streaming at least
+        small = slots < n_layers * self.K and room >= 2 * self.K
         return "lrfu_bypass" if s.scope == "global" and s.min_hits == 1 and small else "lru"
 
     def _drop_streamed(self, row: int, ids: tuple[int, ...]) -> None:

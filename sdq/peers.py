@@ -67,9 +67,11 @@ class PeerSettings:
     ctx: int = 512
     ubatch: int = 128
     reserve_mb: float = 100.0  # sdq's head room inside its budget (the plan's `reserve`)
-    sdq_cache_mode: str = "pagecache"  # how sdq's pager reads experts (sdq chat --cache-mode)
+    # how sdq's pager reads experts (sdq chat --cache-mode): O_DIRECT reads land in the arena
+    # without the page cache's copy, which costs CPU that the experts' compute needs
+    sdq_cache_mode: str = "direct"
     sdq_cache_policy: str = "auto"  # sdq's expert replacement (sdq chat --cache-policy)
-    sdq_prefetch_next: int = 0  # sdq chat --prefetch-next N
+    sdq_prefetch_next: int | None = None  # sdq chat --prefetch-next N (None: its default)
     io_threads: int | None = None  # sdq's expert read threads (None: 3 x threads)
     # OpenMP idle workers, for both engines alike: PASSIVE (block; sdq's own default) or ACTIVE
     # (spin). llama.cpp's ggml uses OpenMP too; spinning workers collapse on a busy machine.

@@ -37,7 +37,9 @@ class RunSettings:
     io_split: int = 1
     cache_mode: str = "pagecache"
     cache_policy: str = "auto"  # sdq.pager.CacheSettings.policy: auto, lru, lrfu_bypass
-    prefetch_next: int = 0  # decode: read this many guessed experts of the next layer early
+    # decode: read this many guessed experts of the next layer early; None: half of the K a
+    # token uses (paged runs only)
+    prefetch_next: int | None = None
     route_log: str | None = None
 
     @classmethod
@@ -61,7 +63,7 @@ class RunSettings:
             io_split=args.io_split,
             cache_mode=args.cache_mode,
             cache_policy=getattr(args, "cache_policy", "auto"),
-            prefetch_next=getattr(args, "prefetch_next", 0),
+            prefetch_next=getattr(args, "prefetch_next", None),
             route_log=args.route_log,
         )
 
@@ -76,7 +78,7 @@ class Session:
         from sdq.workspace import Workspace
 
         s = self.settings = settings
-        if s.prefetch_next < 0:
+        if s.prefetch_next is not None and s.prefetch_next < 0:
             raise ParamsError(f"--prefetch-next {s.prefetch_next}: expected >= 0 experts")
         self.model = model = open_model(s.model)
         model.require_experts()
@@ -85,6 +87,7 @@ class Session:
         self.tokenizer = Tokenizer.from_metadata(model.metadata, source=str(model.path))
         self.plan = None
         self.route_log = None
+        self.prefetch_next = 0
         if s.resident:
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch)
             weights = DenseWeights.load(model)
@@ -114,14 +117,13 @@ class Session:
             io = IOSettings(
                 threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
             )
-            cs = CacheSettings(
-                policy=s.cache_policy,
-                prefetch_slots=min(s.prefetch_next, model.spec.n_expert_used),
-            )
+            K = model.spec.n_expert_used
+            self.prefetch_next = min(K // 2 if s.prefetch_next is None else s.prefetch_next, K)
+            cs = CacheSettings(policy=s.cache_policy, prefetch_slots=self.prefetch_next)
             experts = ExpertCache(model, self.plan, io=io, settings=cs)
         self.experts = experts
         self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
-        self.engine.prefetch_next = 0 if s.resident else s.prefetch_next
+        self.engine.prefetch_next = self.prefetch_next
         if s.route_log:
             from sdq.pager import RouteLog
 
@@ -144,6 +146,7 @@ class Session:
         fig["slots"] = getattr(plan, "slots", None) if plan is not None else None
         fig["slot_bytes"] = getattr(plan, "slot_bytes", None) if plan is not None else None
         fig["cache_mode"] = "resident" if self.settings.resident else self.settings.cache_mode
+        fig["prefetch_next"] = self.prefetch_next
         fig["expert_cache"] = dict(getattr(self.experts, "stats", {}) or {})
         return fig
 

@@ -103,3 +103,23 @@ def test_next_layer_prefetch_keeps_the_logits(q8_model, policy, extra):
     assert s["prefetches"] > 0 and s["prefetch_hits"] > 0
     if policy == "lrfu_bypass":
         assert s["prefetches"] == s["prefetch_hits"] + s["prefetch_unused"] + s["streamed"]
+
+
+def test_session_prefetches_half_of_k_by_default(tiny_model):
+    from sdq.errors import ParamsError
+    from sdq.session import RunSettings, Session
+
+    K = open_model(tiny_model).spec.n_expert_used
+    base = dict(model=str(tiny_model), n_ctx=64, n_ubatch=8, ram_budget_mb=4000, reserve_mb=32)
+    for extra, want in [({}, K // 2), ({"prefetch_next": 0}, 0), ({"prefetch_next": 99}, K)]:
+        session = Session(RunSettings(**base, **extra))
+        try:
+            assert session.engine.prefetch_next == session.prefetch_next == want
+            assert session.experts.settings.prefetch_slots == want
+        finally:
+            session.close()
+    session = Session(RunSettings(model=str(tiny_model), n_ctx=64, n_ubatch=8, resident=True))
+    assert session.engine.prefetch_next == 0
+    session.close()
+    with pytest.raises(ParamsError, match="--prefetch-next -1"):
+        Session(RunSettings(**base, prefetch_next=-1))

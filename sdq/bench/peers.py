@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-b", "--ubatch", type=int, default=128)
     p.add_argument("--reserve-mb", type=float, default=100.0, help="sdq's head room (MiB)")
     p.add_argument(
-        "--sdq-cache-mode", choices=("pagecache", "dontneed", "direct"), default="pagecache"
+        "--sdq-cache-mode", choices=("pagecache", "dontneed", "direct"), default="direct"
     )
     p.add_argument(
         "--sdq-cache-policy",
@@ -44,10 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sdq-prefetch-next",
         type=int,
-        default=0,
         metavar="N",
         help="sdq reads the N most probable guessed experts of the next layer early "
-        "(sdq chat --prefetch-next)",
+        "(sdq chat --prefetch-next; default: sdq's, K/2)",
     )
     p.add_argument("--io-threads", type=int, help="sdq's expert read threads")
     p.add_argument(

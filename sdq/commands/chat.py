@@ -56,10 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefetch-next",
         type=int,
-        default=0,
         metavar="N",
         help="decode: guess the next layer's experts with its router and start reading the N "
-        "most probable (default 0: off)",
+        "most probable (default: half the experts a token uses; 0: off)",
     )
     p.add_argument(
         "--resident", action="store_true", help="copy every expert into RAM (no pager, no budget)"
