@@ -54,16 +54,38 @@ class FioStats:
     command: str
 
 
-def fio_command(path: Path, *, size: int, threads: int, reads: int, cache_mode: str) -> list[str]:
+def bssplit(sizes) -> str:
+    """fio's --bssplit for reads of these sizes in these proportions: '593920/83:864256/17'.
+
+    Whole percents summing to 100 (the largest share takes the rounding); a size whose share
+    rounds to 0 is left out.
+    """
+    sizes = [int(v) for v in sizes]
+    if not sizes:
+        raise ValueError("bssplit of no reads")
+    counts = {v: sizes.count(v) for v in sorted(set(sizes))}
+    pct = {v: round(100 * c / len(sizes)) for v, c in counts.items()}
+    pct = {v: q for v, q in pct.items() if q > 0}
+    top = max(pct, key=lambda v: counts[v])
+    pct[top] += 100 - sum(pct.values())
+    return ":".join(f"{v}/{q}" for v, q in pct.items())
+
+
+def fio_command(
+    path: Path, *, size: int, threads: int, reads: int, cache_mode: str, split: str = ""
+) -> list[str]:
+    """fio's command for the probe's pattern; `split` (a bssplit) replaces the one size `size`
+    by a mix of sizes, each read at a 4 KiB-aligned offset."""
     exe = fio_binary() or "fio"
     per_job = max(1, math.ceil(reads / threads))
+    sizes = [f"--bssplit={split}", "--blockalign=4096"] if split else [f"--bs={size}"]
     cmd = [
         exe,
         "--name=sdq-probe",
         f"--filename={path}",
         "--readonly",
         "--rw=randread",
-        f"--bs={size}",
+        *sizes,
         "--ioengine=psync",
         "--thread",
         f"--numjobs={threads}",
@@ -124,11 +146,15 @@ def run_fio(
     threads: int,
     reads: int,
     cache_mode: str,
+    split: str = "",
     timeout: float = 600,
 ) -> FioStats:
+    """fio's figures for one cell; with `split`, `size` is only the label (e.g. the mean)."""
     if fio_binary() is None:
         raise ReadError("fio is not installed")
-    cmd = fio_command(path, size=size, threads=threads, reads=reads, cache_mode=cache_mode)
+    cmd = fio_command(
+        path, size=size, threads=threads, reads=reads, cache_mode=cache_mode, split=split
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise ReadError(f"fio exited with {proc.returncode}: {proc.stderr.strip()[:300]}")
