@@ -175,6 +175,17 @@ def io_ceiling_tok_s(ssd_mb_per_token: float | None, bandwidth_mb_s: float | Non
     return bandwidth_mb_s / ssd_mb_per_token
 
 
+def decode_bound_tok_s(io_ceiling: float | None, resident_tok_s: float | None):
+    """The speed a capped run could reach at best, (tok/s, what limits it): reads and compute
+    overlapped perfectly, so the slower of the I/O ceiling and the resident decode speed
+    (everything in RAM: the compute and per-token overhead alone). Either may be unknown."""
+    known = {k: v for k, v in (("io", io_ceiling), ("compute", resident_tok_s)) if v}
+    if not known:
+        return None, None
+    what = min(known, key=known.get)
+    return known[what], what
+
+
 def probe_bandwidth(io_profile: str | os.PathLike) -> tuple[float, str]:
     """(MB/s, note) from a device probe's I/O profile (sdq probe --save-profile / notebook 01):
     the best aggregate bandwidth of its level sweep."""
@@ -355,6 +366,7 @@ class PeersResult:
         med = self.medians()
         by = {(m["mode"], m["cap_mb"], m["system"]): m for m in med}
         conds = sorted({(m["mode"], m["cap_mb"]) for m in med}, key=_cond_key)
+        resident = by.get(("resident", None, "sdq"), {}).get("decode_tok_s")
         out = []
         for mode, cap in conds:
             for system in RESIDENT_SYSTEMS if mode == "resident" else CAPPED_SYSTEMS:
@@ -362,16 +374,22 @@ class PeersResult:
                 if m is None:
                     continue
                 row = dict(m)
-                if system == "sdq":
+                if system == "sdq" and mode == "capped":
                     row["io_ceiling_tok_s"] = io_ceiling_tok_s(
                         m.get("sdq_ssd_mb_per_token"), self.bandwidth_mb_s
+                    )
+                    row["compute_bound_tok_s"] = resident
+                    row["bound_tok_s"], row["bound_by"] = decode_bound_tok_s(
+                        row["io_ceiling_tok_s"], resident
                     )
                 out.append(row)
         return out
 
     def ratios(self) -> list[dict]:
-        """sdq / peer for decode (and prefill) tok/s per condition; sdq / I/O ceiling."""
+        """sdq / peer for decode (and prefill) tok/s per condition; sdq / I/O ceiling and sdq /
+        bound (the I/O ceiling or sdq's resident decode speed, whichever is lower)."""
         med = {(m["mode"], m["cap_mb"], m["system"]): m for m in self.medians()}
+        resident = med.get(("resident", None, "sdq"), {}).get("decode_tok_s")
         out = []
         for mode, cap in sorted({(k[0], k[1]) for k in med}, key=_cond_key):
             s = med.get((mode, cap, "sdq"), {})
@@ -394,16 +412,18 @@ class PeersResult:
                 )
             if mode == "capped" and s:
                 ceiling = io_ceiling_tok_s(s.get("sdq_ssd_mb_per_token"), self.bandwidth_mb_s)
-                out.append(
-                    {
-                        "mode": mode,
-                        "cap_mb": cap,
-                        "vs": "io-ceiling",
-                        "decode_ratio": _ratio(s.get("decode_tok_s"), ceiling),
-                        "prefill_ratio": None,
-                        "read_ratio": None,
-                    }
-                )
+                bound, _ = decode_bound_tok_s(ceiling, resident)
+                for vs, limit in (("io-ceiling", ceiling), ("bound", bound)):
+                    out.append(
+                        {
+                            "mode": mode,
+                            "cap_mb": cap,
+                            "vs": vs,
+                            "decode_ratio": _ratio(s.get("decode_tok_s"), limit),
+                            "prefill_ratio": None,
+                            "read_ratio": None,
+                        }
+                    )
         return out
 
     def to_dict(self) -> dict:

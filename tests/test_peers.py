@@ -11,6 +11,8 @@ import pytest
 
 from sdq import limits
 from sdq.peers import (
+    PeersResult,
+    decode_bound_tok_s,
     io_ceiling_tok_s,
     mark_same_tokens,
     median_rows,
@@ -83,6 +85,40 @@ def test_io_ceiling():
     assert io_ceiling_tok_s(100.0, 1000.0) == pytest.approx(10.0)
     assert io_ceiling_tok_s(0.0, 1000.0) is None  # nothing read: no I/O bound
     assert io_ceiling_tok_s(100.0, None) is None
+
+
+def test_bound_is_the_slower_of_io_and_compute():
+    assert decode_bound_tok_s(9.0, 29.0) == (9.0, "io")  # a small cap: the reads limit
+    assert decode_bound_tok_s(40.0, 29.0) == (29.0, "compute")  # little read: compute limits
+    assert decode_bound_tok_s(None, 29.0) == (29.0, "compute")
+    assert decode_bound_tok_s(None, None) == (None, None)
+
+
+def test_summary_and_ratios_name_the_bound():
+    def row(mode, cap, system, tok_s, mb=None):
+        return {
+            "mode": mode,
+            "cap_mb": cap,
+            "system": system,
+            "status": "ok",
+            "decode_tok_s": tok_s,
+            "sdq_ssd_mb_per_token": mb,
+        }
+
+    res = PeersResult({}, "cgroup", "", bandwidth_mb_s=1000.0)
+    res.rows = [
+        row("resident", None, "sdq", 30.0),
+        row("capped", 1000.0, "sdq", 8.0, mb=100.0),  # I/O ceiling 10 tok/s < resident 30
+        row("capped", 1500.0, "sdq", 15.0, mb=25.0),  # I/O ceiling 40 tok/s > resident 30
+    ]
+    sdq = {r["cap_mb"]: r for r in res.summary() if r["mode"] == "capped"}
+    assert (sdq[1000.0]["bound_tok_s"], sdq[1000.0]["bound_by"]) == (10.0, "io")
+    assert (sdq[1500.0]["bound_tok_s"], sdq[1500.0]["bound_by"]) == (30.0, "compute")
+    assert sdq[1500.0]["io_ceiling_tok_s"] == pytest.approx(40.0)
+    got = {(r["cap_mb"], r["vs"]): r["decode_ratio"] for r in res.ratios()}
+    assert got[(1000.0, "bound")] == pytest.approx(0.8) == got[(1000.0, "io-ceiling")]
+    assert got[(1500.0, "bound")] == pytest.approx(0.5)
+    assert got[(1500.0, "io-ceiling")] == pytest.approx(15.0 / 40.0)
 
 
 def test_private_copy_is_cold_and_removed(tmp_path):

@@ -137,7 +137,8 @@ def format_result(res) -> str:
         f"-t {s['threads']}, OMP_WAIT_POLICY={s['omp_wait_policy']}, median of runs per row; "
         f"caps by {res.limit_method} ({res.limit_note}); {res.provenance['llama_settings']}",
         f"{'condition':22s} {'system':11s} {'decode tok/s':>12s} {'prefill tok/s':>13s} "
-        f"{'dev MB/tok':>10s} {'peak RSS MB':>11s} {'cgroup MB':>9s} {'ceiling':>8s}  status",
+        f"{'dev MB/tok':>10s} {'peak RSS MB':>11s} {'cgroup MB':>9s} {'ceiling':>8s} "
+        f"{'bound':>14s}  status",
     ]
     for r in res.summary():
         cond = "resident (warm)" if r["mode"] == "resident" else f"cap {r['cap_mb']:.0f} MB cold"
@@ -145,7 +146,8 @@ def format_result(res) -> str:
             f"{cond:22s} {r['system']:11s} {_f(r.get('decode_tok_s'), '12.2f')} "
             f"{_f(r.get('prefill_tok_s'), '13.1f')} {_f(r.get('device_mb_per_token'), '10.1f')} "
             f"{_f(r.get('peak_rss_mb'), '11.0f')} {_f(r.get('cgroup_peak_mb'), '9.0f')} "
-            f"{_f(r.get('io_ceiling_tok_s'), '8.2f')}  {r['status']} ({r['ok_runs']}/{r['runs']})"
+            f"{_f(r.get('io_ceiling_tok_s'), '8.2f')} {_bound(r):>14s}  "
+            f"{r['status']} ({r['ok_runs']}/{r['runs']})"
         )
     lines.append("ratios (sdq / other)")
     for q in res.ratios():
@@ -156,4 +158,14 @@ def format_result(res) -> str:
         )
     if res.bandwidth_note:
         lines.append(f"I/O ceiling: {res.bandwidth_note}")
+    lines.append(
+        "bound: the lower of the I/O ceiling and sdq's resident decode speed (compute), "
+        "when the resident comparison ran"
+    )
     return "\n".join(lines)
+
+
+def _bound(r: dict) -> str:
+    if r.get("bound_tok_s") is None:
+        return "-"
+    return f"{r['bound_tok_s']:.2f} ({r['bound_by']})"
