@@ -605,7 +605,7 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
 def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
     """All cells, repeats outermost: run r of every cell before run r + 1 of any, so slow
     phases of a shared machine spread over all cells instead of biasing one. fio (when asked)
-    runs right after sdq's run of the same cell."""
+    runs next to sdq's run of the same cell: after it on even runs, before it on odd ones."""
     mode, size, reads, repeat = settings.cache_mode, settings.size, settings.reads, settings.repeat
     small_reads = settings.small_reads or 4 * reads
     fio = None
@@ -622,9 +622,12 @@ def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
     for r in range(repeat):
         for t in settings.threads:
             say(f"run {r + 1}/{repeat}: {size} B x {reads} reads at {t} threads")
+            if fio is not None and r % 2:  # every other run fio goes first: no order bias
+                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=reads,
+                                       cache_mode=mode))  # fmt: skip
             levels[t] += _level(reader, file_bytes, size=size, threads=t, reads=reads,
                                 cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
-            if fio is not None:
+            if fio is not None and not r % 2:
                 fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=reads,
                                        cache_mode=mode))  # fmt: skip
         for t in settings.small_threads:
