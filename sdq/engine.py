@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numba
 import numpy as np
+from gguf.constants import GGMLQuantizationType
 
 from sdq.errors import ReadError, SdqError, UnsupportedError
 from sdq.kernels import dequantize, ops
@@ -432,7 +433,10 @@ class Engine:
         xin, logits = ws.ffn_in[:1], ws.router[1:2]  # [1, D], [1, E]: idle in a decode step
         ids, w = ws.topk_ids[1:2], ws.topk_w[1:2]  # [1, K]
         ops.rms_norm(ws.x[:1], nxt.ffn_norm, s.rms_eps, xin)
-        nxt.router.mul(Activations(xin), logits)
+        if nxt.router.qtype == GGMLQuantizationType.F32:  # one BLAS matvec, no thread to wake
+            np.dot(nxt.router.raw, xin[0], out=logits[0])
+        else:
+            nxt.router.mul(Activations(xin), logits)
         ops.softmax_topk(logits, s.n_expert_used, s.norm_topk_prob, ids, w)
         self.experts.prefetch(il + 1, ids[0, : self.prefetch_next])  # most probable first
         return time.perf_counter() - t0
