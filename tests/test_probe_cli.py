@@ -202,3 +202,30 @@ def test_scratch_larger_than_free_space(disk_dir, capsys):
     code, _, err = run_cli(["--scratch-dir", str(disk_dir), "--scratch-size", "1000000G"], capsys)
     one_line_error(code, err, "does not fit", "free")
     assert list(disk_dir.iterdir()) == []
+
+
+def test_engine_reads_of_a_model(tiny_model, capsys):
+    code, out, err = run_cli(
+        ["--model", str(tiny_model), "--threads", "1,2", "--reads", "4", "--split", "1",
+         "--engine", "--engine-layers", "2", "--json"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    eng = json.loads(out)["engine"]
+    assert [c["threads"] for c in eng["cells"]] == [1, 2] and eng["layers"] == 2
+    for c in eng["cells"]:
+        assert c["arena_mb_s"] > 0 and c["one_slot_mb_s"] > 0
+        assert c["fio_mb_s"] is None and c["arena_over_fio"] is None  # no --fio: null
+    assert "NaN" not in out
+    code, out, err = run_cli(
+        ["--model", str(tiny_model), "--threads", "1", "--reads", "4", "--split", "1",
+         "--engine", "--engine-layers", "1"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "the pager's own expert reads (direct)" in out and "one slot" in out
+
+
+def test_engine_needs_a_model(disk_dir, capsys):
+    code, _, err = run_cli([*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--engine"], capsys)
+    one_line_error(code, err, "--engine", "--model")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -74,6 +75,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fio",
         action="store_true",
         help="also run each concurrency level with fio (same pattern, interleaved) when installed",
+    )
+    parser.add_argument(
+        "--engine",
+        action="store_true",
+        help="also time the pager's own expert reads of --model (O_DIRECT, into a K-slot arena) "
+        "at each --threads level, beside the same reads into one slot and (with --fio) fio",
+    )
+    parser.add_argument(
+        "--engine-layers", type=int, default=9, help="decode layers per engine run (default 9)"
     )
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument(
@@ -180,12 +190,53 @@ def format_report(result, rec) -> str:
     return "\n".join(lines)
 
 
+def format_engine(eng) -> str:
+    lines = [
+        "",
+        f"the pager's own expert reads (direct): {eng.layers} layers per run, K = {eng.k} "
+        f"experts of a random layer each ({eng.reads_per_layer} segment reads at once), "
+        f"medians of {eng.repeat} runs; read lengths {eng.bssplit}",
+        f"{'threads':>7} {'engine MB/s':>11} {'one slot':>9} {'fio':>7} {'eng/fio':>8} "
+        f"{'one/fio':>8} {'eng read ms':>11} {'one read ms':>11}",
+    ]
+    for c in eng.cells:
+        lines.append(
+            f"{c.threads:>7} {c.arena_mb_s:>11.0f} {c.one_slot_mb_s:>9.0f} {c.fio_mb_s:>7.0f} "
+            f"{c.arena_over_fio:>8.2f} {c.one_slot_over_fio:>8.2f} {c.arena_read_ms:>11.3f} "
+            f"{c.one_slot_read_ms:>11.3f}"
+        )
+    lines.append(
+        "  engine: ExpertReader into a pre-faulted arena of K slots; one slot: the same reads, "
+        "every expert into slot 0"
+    )
+    if eng.fio_note:
+        lines.append(f"  {eng.fio_note}")
+    lines.append(f"  {eng.conditions()}")
+    return "\n".join(lines)
+
+
+def engine_dict(eng) -> dict:
+    from dataclasses import asdict
+
+    d = asdict(eng)
+    for cell, c in zip(d["cells"], eng.cells, strict=True):
+        cell.update(arena_over_fio=c.arena_over_fio, one_slot_over_fio=c.one_slot_over_fio)
+        for k, v in cell.items():  # no fio: null, not NaN (which is not JSON)
+            if isinstance(v, float) and not math.isfinite(v):
+                cell[k] = None
+    return d
+
+
 def run(args) -> int:
     from sdq.probe import profile_from, recommend, run_probe, write_io_profile
 
     settings = settings_from_args(args)
     if args.profile_out is not None:
         _check_out_dir(args.profile_out)
+    if args.engine and args.model is None:
+        raise ParamsError("--engine reads a model's experts: give --model")
+    if args.engine_layers < 1:
+        raise ParamsError(f"--engine-layers must be >= 1, got {args.engine_layers}")
 
     def progress(msg: str) -> None:
         if not args.json and sys.stderr.isatty():
@@ -193,12 +244,24 @@ def run(args) -> int:
 
     result = run_probe(settings, progress=progress)
     rec = recommend(result)
+    eng = None
+    if args.engine:
+        from sdq.probe_engine import engine_vs_fio
+
+        eng = engine_vs_fio(args.model, settings.threads, layers=args.engine_layers,
+                            repeat=settings.repeat, seed=settings.seed, fio=settings.fio,
+                            progress=progress)  # fmt: skip
     if args.profile_out is not None:
         write_io_profile(args.profile_out, profile_from(result))
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        out = result.to_dict()
+        if eng is not None:
+            out["engine"] = engine_dict(eng)
+        print(json.dumps(out, indent=2))
     else:
         print(format_report(result, rec))
+        if eng is not None:
+            print(format_engine(eng))
         if args.profile_out is not None:
             print(f"I/O profile written to {args.profile_out}")
     return 0
