@@ -173,3 +173,16 @@ def test_k_quant_token_tiles(qtype):
         np.testing.assert_array_equal(out, single[:T])
         if HAVE_AVX2:
             np.testing.assert_array_equal(out, plain)
+
+
+def test_x_pairs32_matches_numpy():
+    """The Q6_K tiles' per-activation side table: 32 * (q[2i] + q[2i+1]), made once."""
+    from sdq.kernels.dot import x_pairs32
+
+    rng = np.random.default_rng(80)
+    qx = quantize_activation(rng.standard_normal((3, 512)).astype(np.float32), QT.Q6_K)
+    ref = 32 * qx.qs.reshape(3, 256, 2).astype(np.int16).sum(axis=-1)  # [T, cols/2]
+    got = x_pairs32(qx)
+    assert got.dtype == np.int16
+    np.testing.assert_array_equal(got, ref)
+    assert x_pairs32(qx) is got  # kept on the activation for the next product

@@ -380,6 +380,23 @@ def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
                 q5_k_tile1(raw, ro, nb, qs, d, bs, t, out, r)
 
 
+@kernel
+def _pair_sums32(qs, out):
+    T, half = out.shape
+    for t in range(T):
+        for i in range(half):
+            out[t, i] = np.int16(32) * (np.int16(qs[t, 2 * i]) + np.int16(qs[t, 2 * i + 1]))
+
+
+def x_pairs32(qx: QActivation) -> np.ndarray:
+    """int16 [T, cols/2]: 32 * (q[2i] + q[2i+1]) of the Q8_K quants (|.| <= 8128), made once per
+    activation and kept on it; the Q6_K tiles subtract it from their unsigned products."""
+    if qx.pairs32 is None:
+        qx.pairs32 = np.empty((qx.T, qx.cols // 2), np.int16)
+        _pair_sums32(qx.qs, qx.pairs32)
+    return qx.pairs32
+
+
 @kernel(parallel=True)
 def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     T = qs.shape[0]
@@ -527,6 +544,8 @@ def matmul_q(
 def _call(kern, args, flat, rows, cols, qx, out2, nch):
     if args == "k":  # K-quants: Q8_K activations with block sums
         kern(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
+    elif args == "k6":  # SIMD Q6_K: Q8_K activations with their pair sums times 32
+        kern(flat, rows, cols, qx.qs, qx.d, x_pairs32(qx), out2, nch)
     elif args == "0":  # 32-value blocks: Q8_0 activations
         kern(flat, rows, cols, qx.qs, qx.d, out2, nch)
     elif args == "f32":
@@ -556,7 +575,7 @@ _FAST = {
     **_PORTABLE,
     QT.Q4_K: (_mm_q4_k_simd, "k"),
     QT.Q5_K: (_mm_q5_k_simd, "k"),
-    QT.Q6_K: (_mm_q6_k_simd, "k"),
+    QT.Q6_K: (_mm_q6_k_simd, "k6"),
     QT.Q8_0: (_mm_q8_0_simd, "0"),
     QT.Q4_0: (_mm_q4_0_simd, "0"),
 }

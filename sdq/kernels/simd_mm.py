@@ -36,7 +36,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from sdq.kernels.simd import _Emit, _i8, _i16, _i32, _V16x8, _V16x16
+from sdq.kernels.simd import _Emit, _i8, _i16, _i32, _V8x32, _V16x8, _V16x16
 
 # Bytes: the weights are requested this far ahead of use (see dot.PREFETCH_AHEAD's note;
 # kept equal to it there).
@@ -49,8 +49,9 @@ _V8f = ir.VectorType(_f32, 8)
 
 # Argument positions shared by every tile intrinsic:
 #   raw uint8 [nbytes] (flat weight bytes), ro int (byte offset of row r), nb int (blocks
-#   per row), qs int8 [T, cols], d f32 [T, nb], bs int16 [T, cols/16], t0 int (first token
-#   of the tile), out f32 [T, rows], r int (row)
+#   per row), qs int8 [T, cols], d f32 [T, nb], bs int16 (Q4_K/Q5_K: the Q8_K block sums
+#   [T, cols/16]; Q6_K: x_pairs32 [T, cols/2]), t0 int (first token of the tile),
+#   out f32 [T, rows], r int (row)
 _RAW, _RO, _NB, _QS, _D, _BS, _T0, _OUT, _R = range(9)
 
 
@@ -110,12 +111,9 @@ class _Gen(_Emit):
         mins = self.lanes(self.packed_bytes(mn, _i16), [j // 2 for j in range(16)])
         return scales, mins
 
-    def tree_sum(self, terms):
-        """Sum of integer vectors as a balanced tree (short dependency chains)."""
-        while len(terms) > 1:
-            pairs = [self.b.add(a, c) for a, c in zip(terms[::2], terms[1::2], strict=False)]
-            terms = pairs + (terms[-1:] if len(terms) % 2 else [])
-        return terms[0]
+    def madd_acc(self, acc, a, c):
+        """acc + vpmaddwd(a, c): <8 x i32> plus the pairwise products of <16 x i16>."""
+        return self.b.add(acc, self.maddwd(a, c))
 
     def row_sum_store(self, acc, t):
         """out[t, r] = acc[0] + acc[1] + ... + acc[7], in that order."""
@@ -151,7 +149,8 @@ def _k_tile(n: int, five_bit: bool):
             dw, dmw = g.load_half(_RAW, o), g.load_half(_RAW, g.off(o, 2))
             xb = b.mul(blk, g.i64(256))  # this block's first activation (byte offset)
             qh = g.load(_RAW, g.off(o, 16)) if five_bit else None
-            terms = [[] for _ in range(n)]  # per token: <8 x i32> partial sums
+            zero = ir.Constant(_V8x32, None)
+            sums = [[zero, zero] for _ in range(n)]  # per token: two <8 x i32> running sums
             for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
                 q = g.load(_RAW, g.off(o, qoff + 32 * p))
                 lo, hi = b.and_(q, m4), b.lshr(q, g.splat(4))
@@ -166,8 +165,9 @@ def _k_tile(n: int, five_bit: bool):
                     xo = b.add(xrow[j], xb)
                     pl = g.maddubs(lo, g.load(_QS, g.off(xo, 64 * p)))
                     ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
-                    terms[j] += [g.maddwd(pl, s_lo), g.maddwd(ph, s_hi)]
-            isum = [g.tree_sum(t) for t in terms]
+                    sums[j][0] = g.madd_acc(sums[j][0], pl, s_lo)
+                    sums[j][1] = g.madd_acc(sums[j][1], ph, s_hi)
+            isum = [b.add(lo, hi) for lo, hi in sums]
             dw_v, dmw_v = g.fsplat(dw), g.fsplat(dmw)  # shared by the tile's tokens
             for j in range(n):
                 dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
@@ -190,7 +190,11 @@ def _k_tile(n: int, five_bit: bool):
 
 
 def _q6_k_tile(n: int):
-    """Q6_K tile intrinsic for n tokens."""
+    """Q6_K tile intrinsic for n tokens.
+
+    Q6_K stores q + 32 (unsigned, as ``vpmaddubsw`` wants); the pairwise excess 32 * (x_i +
+    x_i+1) of each token is read from x_pairs32 (computed once per product by dot.py, as it
+    does not depend on the weight row) instead of being multiplied again for every row."""
 
     def codegen(context, builder, sig, args):
         g = _Gen(context, builder, sig, args)
@@ -199,8 +203,9 @@ def _q6_k_tile(n: int):
         toks = [b.add(t0, g.i64(j)) for j in range(n)]
         xrow = [g.row_off(_QS, t) for t in toks]
         drow = [g.row_off(_D, t) for t in toks]
+        prow = [g.row_off(_BS, t) for t in toks]  # the bs argument holds x_pairs32 here
         accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
-        m4, m2, k32 = g.splat(15), g.splat(3), g.splat(32)
+        m4, m2 = g.splat(15), g.splat(3)
         with cgutils.for_range(b, nb) as loop:
             blk = loop.index
             o = b.add(ro, b.mul(blk, g.i64(210)))
@@ -208,7 +213,8 @@ def _q6_k_tile(n: int):
             scales = b.sext(g.load(_RAW, g.off(o, 192), _V16x8), _V16x16)  # 16 signed scales
             dw = g.load_half(_RAW, g.off(o, 208))
             xb = b.mul(blk, g.i64(256))
-            terms = [[] for _ in range(n)]
+            zero = ir.Constant(_V8x32, None)
+            sums = [[zero, zero] for _ in range(n)]  # per token: two <8 x i32> running sums
             for h in range(2):  # two halves of 128 values
                 ql0 = g.load(_RAW, g.off(o, 64 * h))
                 ql1 = g.load(_RAW, g.off(o, 64 * h + 32))
@@ -221,11 +227,13 @@ def _q6_k_tile(n: int):
                     s = 8 * h + 2 * c
                     sv = g.lanes(scales, [s] * 8 + [s + 1] * 8)
                     for j in range(n):
-                        x = g.load(_QS, g.off(b.add(xrow[j], xb), 128 * h + 32 * c))
+                        xo = 128 * h + 32 * c  # value offset in the block = byte offset
+                        x = g.load(_QS, g.off(b.add(xrow[j], xb), xo))
+                        x32 = g.load(_BS, g.off(b.add(prow[j], xb), xo), _V16x16)
                         # (q + 32) x - 32 x pairwise: |.| <= 2 * 32 * 127, no saturation
-                        pr = b.sub(g.maddubs(u, x), g.maddubs(k32, x))
-                        terms[j].append(g.maddwd(pr, sv))
-            isum = [g.tree_sum(t) for t in terms]
+                        pr = b.sub(g.maddubs(u, x), x32)
+                        sums[j][c % 2] = g.madd_acc(sums[j][c % 2], pr, sv)
+            isum = [b.add(lo, hi) for lo, hi in sums]
             for j in range(n):
                 dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
                 scaled = b.fmul(g.fsplat(b.fmul(dx, dw)), b.sitofp(isum[j], _V8f))
