@@ -5,7 +5,8 @@ file, all read the way the pager reads experts: by its C pread pool (`sdq._io.Po
 preallocated arena (`sdq.pager.Arena`), faulted in once and reused — one slot per read in
 flight — so the figures are the engine's own read path, not first-touch page faults:
 
-- levels:  `reads` random reads of `size` bytes (an expert segment) at each thread count:
+- levels:  `reads` random reads of `size` bytes (an expert segment) at each thread count,
+           rounded up to a multiple of it (the same count fio reads):
            median / mean / p90 latency of one read and aggregate MB/s over the level;
 - small:   the same for 4 KiB reads at 1 and 16 threads: latency and IOPS;
 - split:   batches of `batch` segments, each cut into S page-aligned chunks (S = 1, 2, 4, 8),
@@ -416,6 +417,12 @@ def _read_len(size: int, cache_mode: str) -> int:
     return _round_up(size, PAGE) if cache_mode == "direct" else size
 
 
+def level_reads(reads: int, threads: int) -> int:
+    """Reads of a level: `reads` rounded up to a multiple of `threads`, so every reader has the
+    same share (fio's number_ios per job) and no level ends on a part-empty last round."""
+    return -(-reads // threads) * threads
+
+
 def _level(reader, file_bytes, *, size, threads, reads, cache_mode, rng, repeat) -> list[Timing]:
     """`reads` random reads of `size` bytes with `threads` workers, `repeat` times."""
     length = _read_len(size, cache_mode)
@@ -621,14 +628,15 @@ def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
     fio_runs = {t: [] for t in settings.threads}
     for r in range(repeat):
         for t in settings.threads:
-            say(f"run {r + 1}/{repeat}: {size} B x {reads} reads at {t} threads")
+            n = level_reads(reads, t)
+            say(f"run {r + 1}/{repeat}: {size} B x {n} reads at {t} threads")
             if fio is not None and r % 2:  # every other run fio goes first: no order bias
-                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=reads,
+                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=n,
                                        cache_mode=mode))  # fmt: skip
-            levels[t] += _level(reader, file_bytes, size=size, threads=t, reads=reads,
+            levels[t] += _level(reader, file_bytes, size=size, threads=t, reads=n,
                                 cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
             if fio is not None and not r % 2:
-                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=reads,
+                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=n,
                                        cache_mode=mode))  # fmt: skip
         for t in settings.small_threads:
             say(f"run {r + 1}/{repeat}: 4 KiB x {small_reads} reads at {t} threads")

@@ -386,3 +386,8 @@ def test_pool_reader_reads_into_one_reused_prefaulted_arena_slot_per_thread(disk
     finally:
         os.close(fd)
     assert (start >= submit).all() and (end > start).all()
+
+
+def test_level_reads_are_a_whole_number_of_rounds():
+    assert [probe.level_reads(64, t) for t in (1, 2, 6, 12, 16, 24)] == [64, 64, 66, 72, 64, 72]
+    assert probe.level_reads(1, 4) == 4

@@ -45,7 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", default="1,2,4,6,8,12,16", help="concurrency levels (1,2,4,6,8,12,16)"
     )
-    parser.add_argument("--reads", type=int, default=64, help="reads per level (default 64)")
+    parser.add_argument(
+        "--reads",
+        type=int,
+        default=64,
+        help="reads per level, rounded up to a multiple of its thread count (default 64)",
+    )
     parser.add_argument(
         "--cache-mode",
         default="direct",
