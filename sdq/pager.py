@@ -35,8 +35,12 @@ Policy.
   strictly higher; otherwise it is read into a streaming slot and dropped at release
   (counted as `bypassed`). A token starts when an acquire's layer is not after the previous
   acquire's layer (prefill chunks of one layer count as tokens too).
-  "auto" (default): lrfu_bypass for global scope when the slots are fewer than n_layers x K
-  (and leave K for the cache beside the streaming slots), else lru.
+  "layer_lrfu" (global scope; sdq.analysis.simulate's policy of that name): every miss takes a
+  slot; the victim is a cached expert of the layer whose next visit is farthest (the layer
+  order is known), the lowest score within it, then the least recent.
+  "auto" (default), for global scope with admission on the first lookup: lrfu_bypass when the
+  slots are fewer than n_layers x K (and leave K for the cache beside the streaming slots),
+  else layer_lrfu; lru for layer scope or min_hits > 1.
   An acquire never evicts an expert it requests itself.
   Pinning: every expert of an acquire is pinned until release; a pinned slot is never evicted.
   When no slot can be evicted the acquire fails with PlanError (all slots pinned).
@@ -90,14 +94,15 @@ __all__ = [
 ]
 
 SCOPES = ("global", "layer")
-POLICIES = ("auto", "lru", "lrfu_bypass")
+POLICIES = ("auto", "lru", "lrfu_bypass", "layer_lrfu")
+SCORED = ("lrfu_bypass", "layer_lrfu")  # policies that keep decayed request counts
 
 
 @dataclass(frozen=True)
 class CacheSettings:
     scope: str = "global"  # one cache over all slots, or one per "layer"
     policy: str = "auto"  # "lru", "lrfu_bypass" or "auto" (module docstring)
-    half_life: float = 32.0  # lrfu_bypass: tokens per halving of a lookup's weight
+    half_life: float = 32.0  # lrfu_bypass, layer_lrfu: tokens per halving of a lookup's weight
     prefetch_slots: int = 0  # lrfu_bypass: streaming slots for prefetches (module docstring)
     min_hits: int = 1  # admission: take a slot on the min_hits-th lookup (1 = always)
     hot: tuple[tuple[int, int], ...] = ()  # (layer, expert) ranking, most used first
@@ -117,8 +122,10 @@ class CacheSettings:
             raise ParamsError(f"min_hits {self.min_hits}: expected >= 1")
         if self.prefetch_slots < 0:
             raise ParamsError(f"prefetch_slots {self.prefetch_slots}: expected >= 0")
-        if self.min_hits > 1 and self.policy == "lrfu_bypass":
+        if self.min_hits > 1 and self.policy in SCORED:
             raise ParamsError("min_hits > 1 is an LRU admission rule: use it with policy lru")
+        if self.policy == "layer_lrfu" and self.scope != "global":
+            raise ParamsError("cache policy layer_lrfu ranks layers: it needs scope global")
         if self.hot_pin < 0 or self.hot_pin > len(self.hot):
             raise ParamsError(f"hot_pin {self.hot_pin}: the ranking has {len(self.hot)} entries")
 
@@ -354,8 +361,10 @@ class ExpertCache:
             if self._streamed:
                 self._drop_streamed(row, ids)
             bypass_policy = self.policy == "lrfu_bypass"
+            scored = self.policy in SCORED
             group = {(row, e) for e in ids}
             weakest: list | None = None  # lrfu_bypass: eviction candidates, built on demand
+            ranked: list | None = None  # layer_lrfu: eviction order, built on demand
             c = self._counters
             slots: list[int] = []
             waits: list[tuple[ReadBatch, int] | None] = []
@@ -367,7 +376,7 @@ class ExpertCache:
                     key = (row, e)
                     seen = self._seen.get(key, 0) + 1
                     self._seen[key] = seen
-                    if bypass_policy:
+                    if scored:
                         score, at = self._score.get(key, (0.0, self._token))
                         self._score[key] = (
                             score * self._decay ** (self._token - at) + 1.0,
@@ -404,7 +413,9 @@ class ExpertCache:
                         if entry is None and (bypass_policy or seen < self.settings.min_hits):
                             c["overflow_admits"] += 1  # no scratch slot left: admit instead
                         if entry is None:
-                            entry = self._admit(row, key, group)
+                            if ranked is None and self.policy == "layer_lrfu":
+                                ranked = self._ranked(row, group)
+                            entry = self._admit(row, key, group, ranked)
                         entry.pins = 1
                         entries.append(entry)
                         if streamed is not None:  # swap: the prefetched slot joins the cache
@@ -474,13 +485,16 @@ class ExpertCache:
             self._check_open()
             self._harvest()
             new: list[_Entry] = []
+            ranked = None
+            if self.policy == "layer_lrfu":
+                ranked = self._ranked(self._last_row if self._last_row >= 0 else row, ())
             try:
                 for e in ids:
                     key = (row, e)
                     if key in self._entries:
                         continue
                     try:
-                        entry = self._admit(row, key)
+                        entry = self._admit(row, key, ranked=ranked)
                     except PlanError:
                         break
                     entry.prefetched = True
@@ -603,9 +617,11 @@ class ExpertCache:
         s = self.settings
         if s.policy != "auto":
             return s.policy
+        if s.scope != "global" or s.min_hits != 1:
+            return "lru"
         room = slots - s.hot_pin - s.prefetch_slots  # K cache + K streaming at least
         small = slots < n_layers * self.K and room >= 2 * self.K
-        return "lrfu_bypass" if s.scope == "global" and s.min_hits == 1 and small else "lru"
+        return "lrfu_bypass" if small else "layer_lrfu"
 
     def _drop_streamed(self, row: int, ids: tuple[int, ...]) -> None:
         """Forgets prefetched experts this acquire does not request; their slots return to the
@@ -629,16 +645,43 @@ class ExpertCache:
     def _scope(self, row: int) -> int:
         return row if self.settings.scope == "layer" else 0
 
-    def _admit(self, row: int, key: tuple[int, int], keep=frozenset()) -> _Entry:
+    def _admit(self, row: int, key: tuple[int, int], keep=frozenset(), ranked=None) -> _Entry:
         """A slot for key (free or evicted, never one of `keep`), registered as the most
-        recent entry."""
+        recent entry. `ranked` (layer_lrfu): eviction candidates, the victim last."""
         scope = self._scope(row)
         free = self._free[scope]
         if free:
             slot = free.pop()
         else:
-            slot = self._evict(scope, keep)
+            while ranked and ranked[-1][-1] not in self._entries:
+                ranked.pop()  # evicted earlier in this call
+            if ranked:
+                victim = self._entries.pop(ranked.pop()[-1])
+                del self._lru[scope][victim.key]
+                self._counters["evictions"] += 1
+                slot = victim.slot
+            else:
+                slot = self._evict(scope, keep)
         return self._register(scope, key, slot)
+
+    def _ranked(self, now_row: int, keep) -> list:
+        """layer_lrfu eviction candidates (global scope), the victim last: entries of the layer
+        visited farthest from now_row's, then the lowest score, then the least recent
+        [(layers until the next visit, -score, -LRU position, key)] over unpinned, loaded
+        entries outside `keep`."""
+        n = len(self.table.layers)
+        out = []
+        for i, key in enumerate(self._lru[0]):
+            entry = self._entries[key]
+            if entry.pins or key in keep or entry.dropped:
+                continue
+            if entry.pending is not None:
+                if not entry.pending[0].done(entry.pending[1]):
+                    continue
+                entry.pending = None
+            out.append(((key[0] - now_row - 1) % n, -self._score_now(key), -i, key))
+        out.sort()
+        return out
 
     def _register(self, scope: int, key: tuple[int, int], slot: int) -> _Entry:
         entry = _Entry(key, slot)

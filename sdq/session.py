@@ -36,7 +36,7 @@ class RunSettings:
     io_mode: str = "parallel"
     io_split: int = 1
     cache_mode: str = "pagecache"
-    cache_policy: str = "auto"  # sdq.pager.CacheSettings.policy: auto, lru, lrfu_bypass
+    cache_policy: str = "auto"  # sdq.pager.CacheSettings.policy
     # decode: read this many guessed experts of the next layer early; None: half of the K a
     # token uses (paged runs only)
     prefetch_next: int | None = None

@@ -85,7 +85,7 @@ def decode(model, experts, tokens, prefetch):
     )
 
 
-@pytest.mark.parametrize("policy, extra", [("lrfu_bypass", 0), ("lru", 12)])
+@pytest.mark.parametrize("policy, extra", [("lrfu_bypass", 0), ("lru", 12), ("layer_lrfu", 12)])
 def test_next_layer_prefetch_keeps_the_logits(q8_model, policy, extra):
     """Decoding with next-layer guesses gives the resident logits to the bit; the guesses are
     counted (used ones read nothing again, wrong ones are extra reads)."""

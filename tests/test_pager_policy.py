@@ -104,12 +104,37 @@ def test_beats_lru_where_a_token_does_not_fit(model):
     assert bypass.sum() < lru.sum()
 
 
-def test_auto_picks_bypass_only_below_one_token_of_experts(model):
-    for slots, want in [(2 * K, "lrfu_bypass"), (L * K - 1, "lrfu_bypass"), (L * K, "lru")]:
+def test_auto_picks_by_arena_size(model):
+    cases = [(2 * K, "lrfu_bypass"), (L * K - 1, "lrfu_bypass"), (L * K, "layer_lrfu")]
+    cases.append((2 * K - 1, "layer_lrfu"))  # no room for K streaming slots beside K cached
+    for slots, want in cases:
         with ExpertCache(model, plan_for_slots(model, slots)) as cache:
             assert cache.policy == want, slots
-    with ExpertCache(model, plan_for_slots(model, 2 * K - 1)) as cache:
-        assert cache.policy == "lru"  # no room for K streaming slots beside K cached
+    for cs in (CacheSettings(scope="layer"), CacheSettings(min_hits=2)):
+        with ExpertCache(model, plan_for_slots(model, 3 * L * K), settings=cs) as cache:
+            assert cache.policy == "lru"
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 10_000),
+    slots=st.integers(K, L * E),
+    half_life=st.sampled_from([1.0, 4.0, 32.0]),
+)
+def test_layer_lrfu_arena_equals_simulation(model, seed, slots, half_life):
+    trace = skewed_trace(seed, tokens=30)  # [T, L, K]
+    cs = CacheSettings(policy="layer_lrfu", half_life=half_life)
+    misses, stats = replay(model, trace, cs, slots)
+    groups = global_stream(trace, E)  # [T*L, K]
+    params = PolicyParams(half_life=half_life, n_layer=L, n_expert=E)
+    expect = [
+        simulate_groups(groups[: (t + 1) * L], L * E, slots, "layer_lrfu", params)
+        for t in range(len(trace))
+    ]
+    assert np.cumsum(misses).tolist() == expect
+    assert stats["policy"] == "layer_lrfu" and stats["bypassed"] == 0
 
 
 def test_bad_settings_are_one_line_errors(model):
@@ -119,6 +144,8 @@ def test_bad_settings_are_one_line_errors(model):
         CacheSettings(half_life=0)
     with pytest.raises(ParamsError, match="min_hits > 1"):
         CacheSettings(policy="lrfu_bypass", min_hits=2)
+    with pytest.raises(ParamsError, match="layer_lrfu ranks layers"):
+        CacheSettings(policy="layer_lrfu", scope="layer")
     with pytest.raises(PlanError, match="slots cannot hold"):
         ExpertCache(
             model, plan_for_slots(model, K + 1), settings=CacheSettings(policy="lrfu_bypass")

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sdq-cache-policy",
-        choices=("auto", "lru", "lrfu_bypass"),
+        choices=("auto", "lru", "lrfu_bypass", "layer_lrfu"),
         default="auto",
         help="sdq's expert replacement policy (sdq chat --cache-policy)",
     )

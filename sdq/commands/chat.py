@@ -48,10 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-mode", choices=CACHE_MODES, default="pagecache")
     p.add_argument(
         "--cache-policy",
-        choices=("auto", "lru", "lrfu_bypass"),
+        choices=("auto", "lru", "lrfu_bypass", "layer_lrfu"),
         default="auto",
         help="expert replacement: lrfu_bypass keeps frequently routed experts and streams the "
-        "rest; auto (default) uses it when the arena holds fewer than one token's experts",
+        "rest, layer_lrfu evicts from the layer visited farthest ahead; auto (default): "
+        "lrfu_bypass when the arena holds fewer than one token's experts, else layer_lrfu",
     )
     p.add_argument(
         "--prefetch-next",
