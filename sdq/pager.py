@@ -653,10 +653,9 @@ class ExpertCache:
         if free:
             slot = free.pop()
         else:
-            while ranked and ranked[-1][-1] not in self._entries:
-                ranked.pop()  # evicted earlier in this call
-            if ranked:
-                victim = self._entries.pop(ranked.pop()[-1])
+            gone = ranked.pop(self._entries) if ranked is not None else None
+            if gone is not None:
+                victim = self._entries.pop(gone)
                 del self._lru[scope][victim.key]
                 self._counters["evictions"] += 1
                 slot = victim.slot
@@ -664,13 +663,12 @@ class ExpertCache:
                 slot = self._evict(scope, keep)
         return self._register(scope, key, slot)
 
-    def _ranked(self, now_row: int, keep) -> list:
-        """layer_lrfu eviction candidates (global scope), the victim last: entries of the layer
-        visited farthest from now_row's, then the lowest score, then the least recent
-        [(layers until the next visit, -score, -LRU position, key)] over unpinned, loaded
-        entries outside `keep`."""
+    def _ranked(self, now_row: int, keep) -> _Victims:
+        """layer_lrfu eviction order (global scope) over unpinned, loaded entries outside
+        `keep`: the layer visited farthest from now_row's first, within it the lowest score,
+        then the least recent."""
         n = len(self.table.layers)
-        out = []
+        by_row: dict[int, list] = {}
         for i, key in enumerate(self._lru[0]):
             entry = self._entries[key]
             if entry.pins or key in keep or entry.dropped:
@@ -679,9 +677,9 @@ class ExpertCache:
                 if not entry.pending[0].done(entry.pending[1]):
                     continue
                 entry.pending = None
-            out.append(((key[0] - now_row - 1) % n, -self._score_now(key), -i, key))
-        out.sort()
-        return out
+            by_row.setdefault(key[0], []).append((i, key))
+        nearest_first = sorted(by_row, key=lambda r: (r - now_row - 1) % n)
+        return _Victims([by_row[r] for r in nearest_first], self._score_now)
 
     def _register(self, scope: int, key: tuple[int, int], slot: int) -> _Entry:
         entry = _Entry(key, slot)
@@ -871,6 +869,27 @@ class ExpertCache:
             batch = self._submit(row, [e for e, _ in items], [s for _, s in items])
             batch.wait_all()
         self._harvest()
+
+
+class _Victims:
+    """layer_lrfu victims in order: layer groups [(LRU position, key)], nearest layer first;
+    a layer's entries are scored only when its turn comes (usually one layer per acquire)."""
+
+    def __init__(self, groups: list, score):
+        self.groups = groups
+        self.score = score
+        self.current: list = []  # [(-score, -LRU position, key)], the next victim last
+
+    def pop(self, alive) -> tuple[int, int] | None:
+        """The next victim still in `alive` (others were evicted meanwhile), or None."""
+        while True:
+            while self.current:
+                key = self.current.pop()[-1]
+                if key in alive:
+                    return key
+            if not self.groups:
+                return None
+            self.current = sorted((-self.score(k), -i, k) for i, k in self.groups.pop())
 
 
 def _quiet_wait_all(batch: ReadBatch) -> None:
