@@ -6,7 +6,7 @@ Dimension key: L MoE layers, E experts per layer, K experts requested at once, P
 Use (the engine):
 
     cache = ExpertCache(model, plan, io=IOSettings(threads=8, mode="parallel"),
-                        settings=CacheSettings(scope="global", min_hits=1))
+                        settings=CacheSettings(scope="global", policy="auto"))
     h = cache.acquire(layer, expert_ids)     # submits every miss at once, returns at once
     for i in h.ready_order():                # hits first, then misses in submission order
         h.wait(i)                            # no-op for a hit; blocks (GIL released) for a miss
@@ -51,7 +51,8 @@ Policy.
   Hot pinning (seed SDQ_HOT_PIN): the first `hot_pin` entries of a (layer, expert) ranking are
   read at start and stay pinned for the whole run, outside the LRU.
   Prefetch: `prefetch(layer, ids)` reads experts that are not cached without counting
-  lookups. Under lru they take free or evictable slots and a later acquire finds them as hits.
+  lookups. Under lru and layer_lrfu they take free or evictable slots (layer_lrfu ranks victims
+  from the layer now being computed) and a later acquire finds them as hits.
   Under lrfu_bypass they are read into `prefetch_slots` extra streaming slots and change no
   cache decision: the acquire that requests one still counts a miss and applies the policy
   (admitted: the prefetched slot becomes the cache slot and the victim's slot a streaming one;
@@ -556,12 +557,15 @@ class ExpertCache:
     @property
     def stats(self) -> dict:
         """lookups, hits, misses, hit_rate, bypassed (misses read to scratch, not admitted),
-        evictions, inflight_hits (hits on a read still running), prefetches, prefetch_hits,
+        evictions, inflight_hits (hits on a read still running), prefetches, prefetch_hits
+        (lookups served by a prefetch: hits under lru / layer_lrfu, misses that read nothing
+        under lrfu_bypass), prefetch_unused (streamed prefetches nobody requested),
         read_errors, overflow_admits, reads (preads issued), bytes_read (device bytes incl.
         O_DIRECT page rounding), expert_bytes_read, read_ms (submit to last byte, summed over
         batches), io_busy_ms (sum of every pread's own duration), wait_ms (time
-        callers blocked in wait), slots, slot_bytes, cached, layers {layer: [lookups, hits,
-        misses]}. Reads still in flight are not yet in read_ms."""
+        callers blocked in wait), policy, slots, slot_bytes, cached, streamed (prefetches
+        waiting in streaming slots), layers {layer: [lookups, hits, misses]}. Reads still in
+        flight are not yet in read_ms."""
         with self._lock:
             self._harvest()
             s = dict(self._counters)
