@@ -154,18 +154,19 @@ def test_simd_and_portable_kernels_agree(qtype):
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda q: q.name)
 def test_k_quant_token_tiles(qtype):
-    """SIMD K-quant products take tokens in tiles of 4 plus a remainder of 1-3: every token
-    count gives the portable kernel's floats, and each token's row equals its own matvec."""
+    """SIMD K-quant products take tokens in tiles of up to TILE (8): every token count, one
+    tile or several, gives the portable kernel's floats, and each token's row equals its
+    own matvec."""
     from sdq.kernels.simd import HAVE_AVX2
 
     rng = np.random.default_rng(int(qtype) + 70)
     rows, cols = 19, 512
     raw = random_matrix(rng, qtype, rows, cols)
-    X = rng.standard_normal((9, cols)).astype(np.float32)
-    single = np.empty((9, rows), np.float32)  # [T, rows], one matvec per token
-    for t in range(9):
+    X = rng.standard_normal((19, cols)).astype(np.float32)
+    single = np.empty((19, rows), np.float32)  # [T, rows], one matvec per token
+    for t in range(19):
         matvec(raw, qtype, rows, cols, X[t], single[t])
-    for T in range(1, 10):
+    for T in [*range(1, 10), 16, 19]:
         qx = quantize_activation(X[:T], qtype)
         out, plain = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
         matmul_q(raw, qtype, rows, cols, qx, out)

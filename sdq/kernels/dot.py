@@ -15,7 +15,7 @@ describes the lanes), and the lanes are summed once at the end of the row.
 
 Two implementations, chosen per CPU, computing identical K-quant results:
 - SIMD (x86 AVX2): ggml's method, unsigned x signed byte multiply-adds on weights unpacked
-  in registers, plus software prefetch. K-quants: simd_mm.py's row tiles (up to 4 tokens
+  in registers, plus software prefetch. K-quants: simd_mm.py's row tiles (up to 8 tokens
   share each unpacked block); Q8_0/Q4_0: simd.py's block dots.
 - portable: each block unpacked into int16 values already multiplied by their sub-block
   scale, then plain int16 x int8 -> int32 loops that LLVM vectorizes. The fallback, and the
@@ -43,21 +43,7 @@ from sdq.kernels.simd import (
     load_f16,
     prefetch,
 )
-from sdq.kernels.simd_mm import (
-    TILE,
-    q4_k_tile1,
-    q4_k_tile2,
-    q4_k_tile3,
-    q4_k_tile4,
-    q5_k_tile1,
-    q5_k_tile2,
-    q5_k_tile3,
-    q5_k_tile4,
-    q6_k_tile1,
-    q6_k_tile2,
-    q6_k_tile3,
-    q6_k_tile4,
-)
+from sdq.kernels.simd_mm import TILE, q4_k_rows, q5_k_rows, q6_k_rows
 
 CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is busy elsewhere
 # Below this many weights x tokens a product runs on the calling thread alone: waking the
@@ -348,17 +334,8 @@ def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     nb = cols // QK_K
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            ro = r * nb * 144
-            t = 0
-            while t + TILE <= T:  # tiles of 4 tokens, then the 1..3 left
-                q4_k_tile4(raw, ro, nb, qs, d, bs, t, out, r)
-                t += TILE
-            if T - t == 3:
-                q4_k_tile3(raw, ro, nb, qs, d, bs, t, out, r)
-            elif T - t == 2:
-                q4_k_tile2(raw, ro, nb, qs, d, bs, t, out, r)
-            elif T - t == 1:
-                q4_k_tile1(raw, ro, nb, qs, d, bs, t, out, r)
+            for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
+                q4_k_rows(raw, r * nb * 144, nb, qs, d, bs, t, min(TILE, T - t), out, r)
 
 
 @kernel(parallel=True)
@@ -367,17 +344,8 @@ def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     nb = cols // QK_K
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            ro = r * nb * 176
-            t = 0
-            while t + TILE <= T:  # tiles of 4 tokens, then the 1..3 left
-                q5_k_tile4(raw, ro, nb, qs, d, bs, t, out, r)
-                t += TILE
-            if T - t == 3:
-                q5_k_tile3(raw, ro, nb, qs, d, bs, t, out, r)
-            elif T - t == 2:
-                q5_k_tile2(raw, ro, nb, qs, d, bs, t, out, r)
-            elif T - t == 1:
-                q5_k_tile1(raw, ro, nb, qs, d, bs, t, out, r)
+            for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
+                q5_k_rows(raw, r * nb * 176, nb, qs, d, bs, t, min(TILE, T - t), out, r)
 
 
 @kernel
@@ -403,17 +371,8 @@ def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     nb = cols // QK_K
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            ro = r * nb * 210
-            t = 0
-            while t + TILE <= T:  # tiles of 4 tokens, then the 1..3 left
-                q6_k_tile4(raw, ro, nb, qs, d, bs, t, out, r)
-                t += TILE
-            if T - t == 3:
-                q6_k_tile3(raw, ro, nb, qs, d, bs, t, out, r)
-            elif T - t == 2:
-                q6_k_tile2(raw, ro, nb, qs, d, bs, t, out, r)
-            elif T - t == 1:
-                q6_k_tile1(raw, ro, nb, qs, d, bs, t, out, r)
+            for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
+                q6_k_rows(raw, r * nb * 210, nb, qs, d, bs, t, min(TILE, T - t), out, r)
 
 
 @kernel(parallel=True)

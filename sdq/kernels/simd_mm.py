@@ -1,11 +1,13 @@
 """Register-tiled K-quant x Q8_K products for x86 AVX2, written as Numba intrinsics.
 
 One call computes ``out[t0 + j, r]`` for one weight row ``r`` and a tile of n tokens
-(j < n, n = 1..4), looping over the row's blocks inside the intrinsic:
+(j < n, n = 1..TILE), looping over the row's blocks inside the intrinsic:
 
 - Weights are unpacked in registers once per block and used by all n tokens of the tile
-  (prefill); a tile of 4 tokens reads and unpacks each weight byte a quarter as often as
-  token-by-token dots, and keeps 4 independent multiply-add chains busy.
+  (prefill); a tile of 8 tokens reads and unpacks each weight byte an eighth as often as
+  token-by-token dots, shares the block's scales and per-block bookkeeping, and keeps 8
+  independent multiply-add chains busy. Code is generated for every n up to TILE, so an
+  expert's ~6 tokens are one tile, not 4 + 2.
 - Each token keeps eight float accumulators (one 256-bit vector) across the row's blocks.
   A block adds its exact integer sums, scaled, lane by lane; the one horizontal sum per
   (row, token) happens after the last block. Token-by-token block dots instead reduced
@@ -41,7 +43,7 @@ from sdq.kernels.simd import _Emit, _i8, _i16, _i32, _V8x32, _V16x8, _V16x16
 # Bytes: the weights are requested this far ahead of use (see dot.PREFETCH_AHEAD's note;
 # kept equal to it there).
 PREFETCH_AHEAD = 8192
-TILE = 4  # tokens per tile (prefill)
+TILE = 8  # most tokens per tile (prefill)
 
 _i64 = ir.IntType(64)
 _f32 = ir.FloatType()
@@ -50,9 +52,9 @@ _V8f = ir.VectorType(_f32, 8)
 # Argument positions shared by every tile intrinsic:
 #   raw uint8 [nbytes] (flat weight bytes), ro int (byte offset of row r), nb int (blocks
 #   per row), qs int8 [T, cols], d f32 [T, nb], bs int16 (Q4_K/Q5_K: the Q8_K block sums
-#   [T, cols/16]; Q6_K: x_pairs32 [T, cols/2]), t0 int (first token of the tile),
-#   out f32 [T, rows], r int (row)
-_RAW, _RO, _NB, _QS, _D, _BS, _T0, _OUT, _R = range(9)
+#   [T, cols/16]; Q6_K: x_pairs32 [T, cols/2]), t0 int (first token of the tile), n int
+#   (tokens in the tile), out f32 [T, rows], r int (row)
+_RAW, _RO, _NB, _QS, _D, _BS, _T0, _N, _OUT, _R = range(10)
 
 
 class _Gen(_Emit):
@@ -126,129 +128,148 @@ class _Gen(_Emit):
         b.store(s, b.bitcast(ptr, _f32.as_pointer()), align=1)
 
 
-def _k_tile(n: int, five_bit: bool):
-    """Q4_K (five_bit False) or Q5_K tile intrinsic for n tokens."""
+def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
+    """One row of Q4_K (five_bit False) or Q5_K blocks for a tile of n tokens."""
     bpb = 176 if five_bit else 144  # bytes per block
     qoff = 48 if five_bit else 16  # offset of the 4-bit quants in the block
-
-    def codegen(context, builder, sig, args):
-        g = _Gen(context, builder, sig, args)
-        b = builder
-        ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
-        toks = [b.add(t0, g.i64(j)) for j in range(n)]
-        xrow = [g.row_off(_QS, t) for t in toks]  # byte offsets of each token's rows
-        drow = [g.row_off(_D, t) for t in toks]
-        brow = [g.row_off(_BS, t) for t in toks]
-        accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
-        m4, one = g.splat(15), g.splat(1)
-        with cgutils.for_range(b, nb) as loop:
-            blk = loop.index
-            o = b.add(ro, b.mul(blk, g.i64(bpb)))
-            g.prefetch_block(o, bpb)
-            scales, mins = g.kscales(o)
-            dw, dmw = g.load_half(_RAW, o), g.load_half(_RAW, g.off(o, 2))
-            xb = b.mul(blk, g.i64(256))  # this block's first activation (byte offset)
-            qh = g.load(_RAW, g.off(o, 16)) if five_bit else None
-            zero = ir.Constant(_V8x32, None)
-            sums = [[zero, zero] for _ in range(n)]  # per token: two <8 x i32> running sums
-            for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
-                q = g.load(_RAW, g.off(o, qoff + 32 * p))
-                lo, hi = b.and_(q, m4), b.lshr(q, g.splat(4))
-                if five_bit:
-                    h0 = b.and_(b.lshr(qh, g.splat(2 * p)), one)
-                    h1 = b.and_(b.lshr(qh, g.splat(2 * p + 1)), one)
-                    lo = b.or_(lo, b.shl(h0, g.splat(4)))
-                    hi = b.or_(hi, b.shl(h1, g.splat(4)))
-                s_lo = g.lanes(scales, [2 * p] * 16)
-                s_hi = g.lanes(scales, [2 * p + 1] * 16)
-                for j in range(n):
-                    xo = b.add(xrow[j], xb)
-                    pl = g.maddubs(lo, g.load(_QS, g.off(xo, 64 * p)))
-                    ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
-                    sums[j][0] = g.madd_acc(sums[j][0], pl, s_lo)
-                    sums[j][1] = g.madd_acc(sums[j][1], ph, s_hi)
-            isum = [b.add(lo, hi) for lo, hi in sums]
-            dw_v, dmw_v = g.fsplat(dw), g.fsplat(dmw)  # shared by the tile's tokens
+    b = g.b
+    ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
+    toks = [b.add(t0, g.i64(j)) for j in range(n)]
+    xrow = [g.row_off(_QS, t) for t in toks]  # byte offsets of each token's rows
+    drow = [g.row_off(_D, t) for t in toks]
+    brow = [g.row_off(_BS, t) for t in toks]
+    accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
+    m4, one = g.splat(15), g.splat(1)
+    with cgutils.for_range(b, nb) as loop:
+        blk = loop.index
+        o = b.add(ro, b.mul(blk, g.i64(bpb)))
+        g.prefetch_block(o, bpb)
+        scales, mins = g.kscales(o)
+        dw, dmw = g.load_half(_RAW, o), g.load_half(_RAW, g.off(o, 2))
+        xb = b.mul(blk, g.i64(256))  # this block's first activation (byte offset)
+        qh = g.load(_RAW, g.off(o, 16)) if five_bit else None
+        zero = ir.Constant(_V8x32, None)
+        sums = [[zero] * _chains(n) for _ in range(n)]  # per token: <8 x i32> running sums
+        for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
+            q = g.load(_RAW, g.off(o, qoff + 32 * p))
+            lo, hi = b.and_(q, m4), b.lshr(q, g.splat(4))
+            if five_bit:
+                h0 = b.and_(b.lshr(qh, g.splat(2 * p)), one)
+                h1 = b.and_(b.lshr(qh, g.splat(2 * p + 1)), one)
+                lo = b.or_(lo, b.shl(h0, g.splat(4)))
+                hi = b.or_(hi, b.shl(h1, g.splat(4)))
+            s_lo = g.lanes(scales, [2 * p] * 16)
+            s_hi = g.lanes(scales, [2 * p + 1] * 16)
             for j in range(n):
-                dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
-                bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(32))), _V16x16)
-                msum = g.maddwd(bs16, mins)  # lane k: m_k * (sum of sub-block k's quants)
-                block = b.fsub(
-                    b.fmul(dw_v, b.sitofp(isum[j], _V8f)), b.fmul(dmw_v, b.sitofp(msum, _V8f))
-                )
-                scaled = b.fmul(g.fsplat(dx), block)
-                b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
+                xo = b.add(xrow[j], xb)
+                pl = g.maddubs(lo, g.load(_QS, g.off(xo, 64 * p)))
+                ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
+                k = len(sums[j]) - 1  # 0 or 1
+                sums[j][0] = g.madd_acc(sums[j][0], pl, s_lo)
+                sums[j][k] = g.madd_acc(sums[j][k], ph, s_hi)
+        isum = [_total(b, v) for v in sums]
+        dw_v, dmw_v = g.fsplat(dw), g.fsplat(dmw)  # shared by the tile's tokens
         for j in range(n):
-            g.row_sum_store(b.load(accs[j]), toks[j])
-        return context.get_dummy_value()
+            dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
+            bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(32))), _V16x16)
+            msum = g.maddwd(bs16, mins)  # lane k: m_k * (sum of sub-block k's quants)
+            block = b.fsub(
+                b.fmul(dw_v, b.sitofp(isum[j], _V8f)), b.fmul(dmw_v, b.sitofp(msum, _V8f))
+            )
+            scaled = b.fmul(g.fsplat(dx), block)
+            b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
+    for j in range(n):
+        g.row_sum_store(b.load(accs[j]), toks[j])
 
-    @intrinsic
-    def tile(typingctx, raw, ro, nb, qs, d, bs, t0, out, r):
-        return types.void(raw, ro, nb, qs, d, bs, t0, out, r), codegen
 
-    return tile
-
-
-def _q6_k_tile(n: int):
-    """Q6_K tile intrinsic for n tokens.
+def _emit_q6_k(g: _Gen, n: int) -> None:
+    """One row of Q6_K blocks for a tile of n tokens.
 
     Q6_K stores q + 32 (unsigned, as ``vpmaddubsw`` wants); the pairwise excess 32 * (x_i +
     x_i+1) of each token is read from x_pairs32 (computed once per product by dot.py, as it
     does not depend on the weight row) instead of being multiplied again for every row."""
+    b = g.b
+    ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
+    toks = [b.add(t0, g.i64(j)) for j in range(n)]
+    xrow = [g.row_off(_QS, t) for t in toks]
+    drow = [g.row_off(_D, t) for t in toks]
+    prow = [g.row_off(_BS, t) for t in toks]  # the bs argument holds x_pairs32 here
+    accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
+    m4, m2 = g.splat(15), g.splat(3)
+    with cgutils.for_range(b, nb) as loop:
+        blk = loop.index
+        o = b.add(ro, b.mul(blk, g.i64(210)))
+        g.prefetch_block(o, 210)
+        scales = b.sext(g.load(_RAW, g.off(o, 192), _V16x8), _V16x16)  # 16 signed scales
+        dw = g.load_half(_RAW, g.off(o, 208))
+        xb = b.mul(blk, g.i64(256))
+        zero = ir.Constant(_V8x32, None)
+        sums = [[zero] * _chains(n) for _ in range(n)]  # per token: <8 x i32> running sums
+        for h in range(2):  # two halves of 128 values
+            ql0 = g.load(_RAW, g.off(o, 64 * h))
+            ql1 = g.load(_RAW, g.off(o, 64 * h + 32))
+            qh = g.load(_RAW, g.off(o, 128 + 32 * h))
+            lows = [b.and_(ql0, m4), b.and_(ql1, m4), b.lshr(ql0, g.splat(4))]
+            lows.append(b.lshr(ql1, g.splat(4)))
+            for c in range(4):  # values 128h + 32c + i: high bits 2c, 2c+1 of qh[i]
+                hb = b.and_(b.lshr(qh, g.splat(2 * c)), m2)
+                u = b.or_(lows[c], b.shl(hb, g.splat(4)))  # q + 32, unsigned
+                s = 8 * h + 2 * c
+                sv = g.lanes(scales, [s] * 8 + [s + 1] * 8)
+                for j in range(n):
+                    xo = 128 * h + 32 * c  # value offset in the block = byte offset
+                    x = g.load(_QS, g.off(b.add(xrow[j], xb), xo))
+                    x32 = g.load(_BS, g.off(b.add(prow[j], xb), xo), _V16x16)
+                    # (q + 32) x - 32 x pairwise: |.| <= 2 * 32 * 127, no saturation
+                    pr = b.sub(g.maddubs(u, x), x32)
+                    k = c % len(sums[j])
+                    sums[j][k] = g.madd_acc(sums[j][k], pr, sv)
+        isum = [_total(b, v) for v in sums]
+        for j in range(n):
+            dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
+            scaled = b.fmul(g.fsplat(b.fmul(dx, dw)), b.sitofp(isum[j], _V8f))
+            b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
+    for j in range(n):
+        g.row_sum_store(b.load(accs[j]), toks[j])
+
+
+def _chains(n: int) -> int:
+    """Running integer sums per token: two short dependency chains while registers allow
+    (16 256-bit registers without AVX-512), one for larger tiles."""
+    return 2 if n <= 4 else 1
+
+
+def _total(b, vectors):
+    total = vectors[0]
+    for v in vectors[1:]:
+        total = b.add(total, v)
+    return total
+
+
+def _rows_intrinsic(emit):
+    """A tile intrinsic (raw, ro, nb, qs, d, bs, t0, n, out, r) -> None: out[t0 : t0+n, r]
+    for 1 <= n <= TILE tokens; one switch per call selects the code made for that n."""
 
     def codegen(context, builder, sig, args):
         g = _Gen(context, builder, sig, args)
-        b = builder
-        ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
-        toks = [b.add(t0, g.i64(j)) for j in range(n)]
-        xrow = [g.row_off(_QS, t) for t in toks]
-        drow = [g.row_off(_D, t) for t in toks]
-        prow = [g.row_off(_BS, t) for t in toks]  # the bs argument holds x_pairs32 here
-        accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
-        m4, m2 = g.splat(15), g.splat(3)
-        with cgutils.for_range(b, nb) as loop:
-            blk = loop.index
-            o = b.add(ro, b.mul(blk, g.i64(210)))
-            g.prefetch_block(o, 210)
-            scales = b.sext(g.load(_RAW, g.off(o, 192), _V16x8), _V16x16)  # 16 signed scales
-            dw = g.load_half(_RAW, g.off(o, 208))
-            xb = b.mul(blk, g.i64(256))
-            zero = ir.Constant(_V8x32, None)
-            sums = [[zero, zero] for _ in range(n)]  # per token: two <8 x i32> running sums
-            for h in range(2):  # two halves of 128 values
-                ql0 = g.load(_RAW, g.off(o, 64 * h))
-                ql1 = g.load(_RAW, g.off(o, 64 * h + 32))
-                qh = g.load(_RAW, g.off(o, 128 + 32 * h))
-                lows = [b.and_(ql0, m4), b.and_(ql1, m4), b.lshr(ql0, g.splat(4))]
-                lows.append(b.lshr(ql1, g.splat(4)))
-                for c in range(4):  # values 128h + 32c + i: high bits 2c, 2c+1 of qh[i]
-                    hb = b.and_(b.lshr(qh, g.splat(2 * c)), m2)
-                    u = b.or_(lows[c], b.shl(hb, g.splat(4)))  # q + 32, unsigned
-                    s = 8 * h + 2 * c
-                    sv = g.lanes(scales, [s] * 8 + [s + 1] * 8)
-                    for j in range(n):
-                        xo = 128 * h + 32 * c  # value offset in the block = byte offset
-                        x = g.load(_QS, g.off(b.add(xrow[j], xb), xo))
-                        x32 = g.load(_BS, g.off(b.add(prow[j], xb), xo), _V16x16)
-                        # (q + 32) x - 32 x pairwise: |.| <= 2 * 32 * 127, no saturation
-                        pr = b.sub(g.maddubs(u, x), x32)
-                        sums[j][c % 2] = g.madd_acc(sums[j][c % 2], pr, sv)
-            isum = [b.add(lo, hi) for lo, hi in sums]
-            for j in range(n):
-                dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
-                scaled = b.fmul(g.fsplat(b.fmul(dx, dw)), b.sitofp(isum[j], _V8f))
-                b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
-        for j in range(n):
-            g.row_sum_store(b.load(accs[j]), toks[j])
+        end = builder.append_basic_block("tile.end")
+        switch = builder.switch(g.int_arg(_N), end)
+        for n in range(1, TILE + 1):
+            case = builder.append_basic_block(f"tile.{n}")
+            switch.add_case(ir.Constant(_i64, n), case)
+            builder.position_at_end(case)
+            emit(g, n)
+            builder.branch(end)
+        builder.position_at_end(end)
         return context.get_dummy_value()
 
     @intrinsic
-    def tile(typingctx, raw, ro, nb, qs, d, bs, t0, out, r):
-        return types.void(raw, ro, nb, qs, d, bs, t0, out, r), codegen
+    def tile(typingctx, raw, ro, nb, qs, d, bs, t0, n, out, r):
+        return types.void(raw, ro, nb, qs, d, bs, t0, n, out, r), codegen
 
     return tile
 
 
-q4_k_tile1, q4_k_tile2, q4_k_tile3, q4_k_tile4 = (_k_tile(n, False) for n in range(1, 5))
-q5_k_tile1, q5_k_tile2, q5_k_tile3, q5_k_tile4 = (_k_tile(n, True) for n in range(1, 5))
-q6_k_tile1, q6_k_tile2, q6_k_tile3, q6_k_tile4 = (_q6_k_tile(n) for n in range(1, 5))
+q4_k_rows = _rows_intrinsic(lambda g, n: _emit_k(g, n, five_bit=False))
+q5_k_rows = _rows_intrinsic(lambda g, n: _emit_k(g, n, five_bit=True))
+q6_k_rows = _rows_intrinsic(_emit_q6_k)
