@@ -140,6 +140,12 @@ class Arena:
         self.n_slots = n_slots
         self.slot_bytes = slot_bytes
         self._map = mmap.mmap(-1, n_slots * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # transparent huge pages where the kernel allows them: an O_DIRECT read into 2 MiB pages
+        # is a few physically contiguous segments, not one per 4 KiB page (sdq probe --engine)
+        try:
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):  # no THP in this kernel or build: 4 KiB pages
+            pass
         self.buf = np.frombuffer(self._map, dtype=np.uint8)  # [n_slots * slot_bytes]
         self.base = self.buf.ctypes.data
 

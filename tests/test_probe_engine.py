@@ -108,3 +108,30 @@ def test_engine_vs_fio_reads_the_right_bytes(tiny_model, monkeypatch):
     finally:
         os.close(fd)
     assert matches >= 1, "slot 0 does not hold any expert's gate bytes"
+
+
+def test_the_arena_asks_for_huge_pages():
+    """The pager's arena (which the probes read into) is advised MADV_HUGEPAGE: with THP in
+    `madvise` or `always` mode its anonymous pages may be 2 MiB (smaps: THPeligible 1)."""
+    from pathlib import Path
+
+    from sdq.pager import Arena
+
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("transparent huge pages are off on this machine")
+    arena = Arena(2, 4 << 20)
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+
+        def holds_arena(line: str) -> bool:  # a mapping's header line whose range holds it
+            span = line.split(" ", 1)[0].split("-")
+            if len(span) != 2 or not all(c in "0123456789abcdef" for c in "".join(span)):
+                return False
+            return int(span[0], 16) <= arena.base < int(span[1], 16)
+
+        head = next(i for i, line in enumerate(lines) if holds_arena(line))
+        fields = dict(line.split(":", 1) for line in lines[head + 1 : head + 30] if ":" in line)
+        assert fields["THPeligible"].strip() == "1"
+    finally:
+        arena.close()
