@@ -332,13 +332,31 @@ def _cached_share(fd: int, offsets: np.ndarray, length: int) -> float:
     return mean([_io.resident_fraction(fd, int(o), int(length)) for o in offsets])
 
 
+HUGE_PAGE = 2 << 20
+
+
+def inner_arena(n_slots: int, slot_bytes: int):
+    """(arena, first): an `sdq.pager.Arena` with `n_slots` usable slots from index `first` on.
+
+    The arena asks for transparent huge pages, and the kernel can only back whole, aligned
+    2 MiB ranges of a mapping with them: a slot within 2 MiB of either end of a small arena may
+    get 4 KiB pages, while almost all of the engine's large arena is huge-page backed. So the
+    probes keep spare slots at both ends and read only into the ones between.
+    """
+    from sdq.pager import Arena
+
+    lead = -(-HUGE_PAGE // slot_bytes)
+    return Arena(n_slots + 2 * lead, slot_bytes), lead
+
+
 class PoolReader:
     """Reads the way the pager reads: the pager's C pool (`sdq._io.Pool`) into an arena.
 
-    One persistent pool (its thread count set per cell) and one `sdq.pager.Arena` with a slot
-    per read in flight, allocated and faulted in once when the reader is made, then reused by
-    every read of the probe, as the engine reads experts into preallocated slots it reuses
-    token after token. Read i of a batch lands in slot i % threads (the bytes are discarded,
+    One persistent pool (its thread count set per cell) and one `sdq.pager.Arena` (huge pages
+    where the kernel gives them, see `inner_arena`) with a slot per read in flight, allocated
+    and faulted in once when the reader is made, then reused by every read of the probe, as the
+    engine reads experts into preallocated slots it reuses token after token. Read i of a batch
+    lands in slot first + i % threads (the bytes are discarded,
     only the timing is kept). A fresh buffer per read would time first-touch page faults and
     cold memory the engine never sees. Every read is its own task; `groups` (one per read by
     default) only label what a caller waits for. Slots are page-aligned and a whole number of
@@ -349,12 +367,11 @@ class PoolReader:
 
     def __init__(self, fd: int, max_threads: int, max_len: int, cache_mode: str):
         from sdq import _io
-        from sdq.pager import Arena
 
         self.fd = fd
         self._flags = {"direct": _io.FLAG_DIRECT, "dontneed": _io.FLAG_DONTNEED}[cache_mode]
         self.stride = _round_up(max_len, PAGE)
-        self.arena = Arena(max_threads, self.stride)  # [max_threads * stride]
+        self.arena, self.first = inner_arena(max_threads, self.stride)
         self.arena.buf[::PAGE] = 1  # fault every page in now, not during a timed read
         self._pool = _io.Pool(1)
         self.max_threads = max_threads
@@ -379,7 +396,8 @@ class PoolReader:
         table[:, 1] = offsets
         table[:, 2] = lengths
         table[:, 3] = lengths
-        table[:, 4] = self.arena.base + (np.arange(n, dtype=np.int64) % self.threads) * self.stride
+        slot = self.first + np.arange(n, dtype=np.int64) % self.threads  # [R]
+        table[:, 4] = self.arena.base + slot * self.stride
         table[:, 5] = np.arange(n)
         table[:, 6] = np.arange(n) if groups is None else groups
         try:

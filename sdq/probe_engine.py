@@ -6,8 +6,9 @@ Dimension key: L MoE layers, E experts per layer, K experts a decode layer uses,
 The probe's level sweep (`sdq.probe`) reads equal-sized ranges of a file; this asks the same
 question of the pager's own read path. One "layer" is a decode miss as the pager serves it:
 K distinct random experts of a random MoE layer, all R segments submitted at once through
-`sdq.expert_io.ExpertReader` (mode parallel, O_DIRECT, in-place aligned reads) into an
-`sdq.pager.Arena` of K slots, faulted in beforehand — what `sdq bench layer-miss` times.
+`sdq.expert_io.ExpertReader` (mode parallel, O_DIRECT, in-place aligned reads) into K slots
+of an `sdq.pager.Arena`, faulted in beforehand, away from the mapping's ends (huge pages where
+the kernel gives them, as in the engine's large arena) — what `sdq bench layer-miss` times.
 `layers` layers back to back (each submitted when the previous one is in) make one run;
 MB/s = device bytes requested / the run's wall time, MB = 10**6 B.
 
@@ -102,7 +103,7 @@ def engine_vs_fio(
     """Measure the three reads above at each thread count (see the module docstring)."""
     from sdq.expert_io import ExpertReader, IOSettings, SlotLayout
     from sdq.gguf import open_model
-    from sdq.pager import Arena
+    from sdq.probe import inner_arena
     from sdq.probe_fio import bssplit, fio_binary, fio_command, fio_version, run_fio
 
     if layers < 1 or repeat < 1 or not threads or min(threads) < 1:
@@ -132,10 +133,10 @@ def engine_vs_fio(
         shown = " ".join("fio" if c == cmd[0] else c for c in cmd).replace(str(model.path), "FILE")
         result.fio_note = f"{fio_version() or 'fio'}: {shown} (numjobs, number_ios per row)"
     layout = SlotLayout.for_table(table, "direct")
-    arena = Arena(k, layout.slot_bytes)
+    arena, first = inner_arena(k, layout.slot_bytes)  # K slots away from the mapping's ends
     arena.buf[::PAGE] = 1  # faulted in now, as a running engine's arena is
-    spread = [arena.address(i) for i in range(k)]
-    one = [arena.address(0)] * k
+    spread = [arena.address(first + i) for i in range(k)]
+    one = [arena.address(first)] * k
     reader = ExpertReader(model.path, table, layout, IOSettings(threads=1, cache_mode="direct"))
     rng = np.random.default_rng(seed)
 

@@ -363,8 +363,10 @@ def test_pool_reader_reads_into_one_reused_prefaulted_arena_slot_per_thread(disk
     try:
         reader = probe.PoolReader(fd, 4, 65536, "direct")
         try:
-            arena = reader.arena
-            assert arena.n_slots == 4 and arena.slot_bytes == 65536 and arena.base % PAGE == 0
+            arena, first = reader.arena, reader.first
+            # 4 slots for reads, 2 MiB of spare slots at each end (see inner_arena)
+            assert first == (2 << 20) // 65536 and arena.n_slots == 4 + 2 * first
+            assert arena.slot_bytes == 65536 and arena.base % PAGE == 0
             mapped = reader.arena.buf
             # faulted in when the reader is made: every page resident before any read
             assert _resident_pages(arena.base, arena.nbytes).all()
@@ -376,9 +378,10 @@ def test_pool_reader_reads_into_one_reused_prefaulted_arena_slot_per_thread(disk
             # the last read of each of the 2 slots in use: 38 -> slot 0, 39 -> slot 1
             # (both may have been written by an earlier read too, but no read is still running)
             for slot, i in ((0, 38), (1, 39)):
-                got = arena.slot(slot)
+                got = arena.slot(first + slot)
                 assert got.tobytes() == raw[offsets[i] : offsets[i] + 65536].tobytes()
-            assert (arena.slot(2)[::PAGE] == 1).all()  # slots beyond 2 threads: untouched
+            for untouched in (first - 1, first + 2):  # spare slots, slots beyond 2 threads
+                assert (arena.slot(untouched)[::PAGE] == 1).all()
             with pytest.raises(ValueError, match="slots for 1..4"):
                 reader.threads = 5
         finally:
