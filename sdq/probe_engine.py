@@ -13,18 +13,22 @@ the kernel gives them, as in the engine's large arena) — what `sdq bench layer
 MB/s = device bytes requested / the run's wall time, MB = 10**6 B.
 
 Beside it, per run:
+- 4 KiB pages: the same layers into an arena advised MADV_NOHUGEPAGE (the pager's arena asks
+  for transparent huge pages; this shows what they are worth on this machine);
 - one slot: the same layers with every expert's destination the arena's slot 0 (the bytes are
   discarded). Same reads, same pool, same code; only the destination memory differs — a layer
   spread over K slots against one slot reused, as fio reuses one buffer per job;
 - fio: the same segment sizes (a bssplit of the model's O_DIRECT read lengths in their
   proportions), the same concurrency (numjobs = I/O threads), O_DIRECT, R * layers reads in
   all, at random 4 KiB-aligned offsets of the same file.
-Runs are interleaved: run r of all three at one thread count, in alternating order, then the
+Runs are interleaved: run r of all four at one thread count, in alternating order, then the
 next thread count, then run r + 1. Medians over runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import time
 from dataclasses import dataclass, field
@@ -45,11 +49,13 @@ class EngineCell:
     threads: int
     runs: int
     arena_mb_s: float
+    small_pages_mb_s: float  # the same reads into an arena kept on 4 KiB pages
     one_slot_mb_s: float
     fio_mb_s: float  # nan without fio
     arena_mb_s_min: float
     arena_mb_s_max: float
     arena_read_ms: float
+    small_pages_read_ms: float
     one_slot_read_ms: float
     fio_read_ms: float  # fio's median completion latency (from its bins); nan without fio
 
@@ -72,6 +78,8 @@ class EngineResult:
     bssplit: str  # the O_DIRECT read lengths and their shares, as fio's --bssplit
     fio_note: str  # fio's version and an example command, or why there is no fio column
     cells: list[EngineCell] = field(default_factory=list)
+    huge_share: float = 0.0  # share of the arena's mapping backed by huge pages (smaps)
+    small_pages_huge_share: float = 0.0  # the same for the 4 KiB-page arena (expected 0)
     load: tuple[float, float] = (0.0, 0.0)
     cpus: int = 0
     seconds: float = 0.0
@@ -81,6 +89,22 @@ class EngineResult:
             f"1-min load average {self.load[0]:.1f} -> {self.load[1]:.1f} on {self.cpus} CPUs "
             f"over {self.seconds:.0f} s"
         )
+
+
+def huge_share(arena) -> float:
+    """Share of the mapping that holds `arena` backed by transparent huge pages (smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split(" ", 1)[0].split("-")
+        if len(head) != 2 or not all(c in "0123456789abcdef" for c in "".join(head)):
+            continue
+        lo, hi = int(head[0], 16), int(head[1], 16)
+        if lo <= arena.base < hi:
+            for entry in lines[i + 1 :]:
+                if entry.startswith("AnonHugePages:"):
+                    return int(entry.split()[1]) * 1024 / (hi - lo)
+            break
+    return 0.0
 
 
 def _direct_spans(table) -> np.ndarray:
@@ -134,8 +158,14 @@ def engine_vs_fio(
         result.fio_note = f"{fio_version() or 'fio'}: {shown} (numjobs, number_ios per row)"
     layout = SlotLayout.for_table(table, "direct")
     arena, first = inner_arena(k, layout.slot_bytes)  # K slots away from the mapping's ends
-    arena.buf[::PAGE] = 1  # faulted in now, as a running engine's arena is
+    small, small_first = inner_arena(k, layout.slot_bytes)
+    with contextlib.suppress(AttributeError, OSError):
+        small._map.madvise(mmap.MADV_NOHUGEPAGE)  # 4 KiB pages, as without the arena's advice
+    for a in (arena, small):
+        a.buf[::PAGE] = 1  # faulted in now, as a running engine's arena is
+    result.huge_share, result.small_pages_huge_share = huge_share(arena), huge_share(small)
     spread = [arena.address(first + i) for i in range(k)]
+    spread_small = [small.address(small_first + i) for i in range(k)]
     one = [arena.address(first)] * k
     reader = ExpertReader(model.path, table, layout, IOSettings(threads=1, cache_mode="direct"))
     rng = np.random.default_rng(seed)
@@ -146,11 +176,11 @@ def engine_vs_fio(
             for _ in range(layers)
         ]
 
-    def run(picked, addrs):
+    def run(picked, addrs, into=arena):
         nbytes, durations = 0, []
         start = time.perf_counter_ns()
         for row, experts in picked:
-            batch, device = reader.submit(row, experts, addrs, arena)
+            batch, device = reader.submit(row, experts, addrs, into)
             batch.wait_all()
             nbytes += device
             report = batch.report()  # [R, 6]
@@ -158,7 +188,7 @@ def engine_vs_fio(
         wall = time.perf_counter_ns() - start
         return nbytes / MB / (wall / 1e9), float(np.median(np.concatenate(durations))) / 1e6
 
-    samples = {t: {"arena": [], "one": [], "fio": []} for t in threads}
+    samples = {t: {"arena": [], "small": [], "one": [], "fio": []} for t in threads}
     load_before = os.getloadavg()[0]
     try:
         for r in range(repeat):
@@ -169,6 +199,7 @@ def engine_vs_fio(
                 picked = pick()
                 steps = [
                     ("arena", lambda p=picked: run(p, spread)),
+                    ("small", lambda p=picked: run(p, spread_small, small)),
                     ("one", lambda p=picked: run(p, one)),
                 ]
                 if use_fio:
@@ -179,6 +210,7 @@ def engine_vs_fio(
     finally:
         reader.close()
         arena.close()
+        small.close()
     nan = float("nan")
     for t in threads:
         s = samples[t]
@@ -190,11 +222,13 @@ def engine_vs_fio(
                 threads=t,
                 runs=repeat,
                 arena_mb_s=med["arena"],
+                small_pages_mb_s=med["small"],
                 one_slot_mb_s=med["one"],
                 fio_mb_s=med["fio"],
                 arena_mb_s_min=min(arena_mb),
                 arena_mb_s_max=max(arena_mb),
                 arena_read_ms=lat["arena"],
+                small_pages_read_ms=lat["small"],
                 one_slot_read_ms=lat["one"],
                 fio_read_ms=lat["fio"],
             )

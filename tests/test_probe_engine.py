@@ -53,10 +53,12 @@ def test_engine_vs_fio_without_fio(tiny_model):
     for c in res.cells:
         assert c.runs == 2
         assert c.arena_mb_s > 0 and c.one_slot_mb_s > 0 and c.arena_read_ms > 0
+        assert c.small_pages_mb_s > 0 and c.small_pages_read_ms > 0
         assert c.arena_mb_s_min <= c.arena_mb_s <= c.arena_mb_s_max
         assert math.isnan(c.fio_mb_s) and math.isnan(c.arena_over_fio)
     assert sum(int(p.split("/")[1]) for p in res.bssplit.split(":")) == 100
     assert res.fio_note == "" and res.cpus >= 1 and res.seconds > 0
+    assert 0 <= res.huge_share <= 1 and res.small_pages_huge_share == 0
 
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
@@ -92,7 +94,7 @@ def test_engine_vs_fio_reads_the_right_bytes(tiny_model, monkeypatch):
 
     monkeypatch.setattr(sdq.pager, "Arena", Keep)
     engine_vs_fio(tiny_model, (1,), layers=1, repeat=1, fio=False)
-    (buf,) = arenas  # [K * slot_bytes]
+    buf = arenas[0]  # [slots * slot_bytes]: the huge-page arena, closed first
     from sdq.expert_io import SlotLayout
 
     table = open_model(tiny_model).require_experts()
@@ -138,3 +140,28 @@ def test_the_arena_asks_for_huge_pages():
         assert fields["THPeligible"].strip() == "1"
     finally:
         arena.close()
+
+
+def test_huge_share_of_an_arena():
+    import mmap
+    from pathlib import Path
+
+    from sdq.pager import Arena
+    from sdq.probe_engine import huge_share
+
+    small = Arena(4, 4 << 20)
+    try:
+        small._map.madvise(mmap.MADV_NOHUGEPAGE)
+        small.buf[::PAGE] = 1
+        assert huge_share(small) == 0
+    finally:
+        small.close()
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        return  # nothing more to see without THP
+    big = Arena(4, 4 << 20)  # 16 MiB asking for huge pages: at least some 2 MiB ranges
+    try:
+        big.buf[::PAGE] = 1
+        assert 0 <= huge_share(big) <= 1
+    finally:
+        big.close()

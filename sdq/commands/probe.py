@@ -201,18 +201,20 @@ def format_engine(eng) -> str:
         f"the pager's own expert reads (direct): {eng.layers} layers per run, K = {eng.k} "
         f"experts of a random layer each ({eng.reads_per_layer} segment reads at once), "
         f"medians of {eng.repeat} runs; read lengths {eng.bssplit}",
-        f"{'threads':>7} {'engine MB/s':>11} {'one slot':>9} {'fio':>7} {'eng/fio':>8} "
-        f"{'one/fio':>8} {'eng read ms':>11} {'one read ms':>11}",
+        f"{'threads':>7} {'engine MB/s':>11} {'4 KiB pages':>11} {'one slot':>9} {'fio':>7} "
+        f"{'eng/fio':>8} {'one/fio':>8} {'eng read ms':>11} {'4K read ms':>10}",
     ]
     for c in eng.cells:
         lines.append(
-            f"{c.threads:>7} {c.arena_mb_s:>11.0f} {c.one_slot_mb_s:>9.0f} {c.fio_mb_s:>7.0f} "
-            f"{c.arena_over_fio:>8.2f} {c.one_slot_over_fio:>8.2f} {c.arena_read_ms:>11.3f} "
-            f"{c.one_slot_read_ms:>11.3f}"
+            f"{c.threads:>7} {c.arena_mb_s:>11.0f} {c.small_pages_mb_s:>11.0f} "
+            f"{c.one_slot_mb_s:>9.0f} {c.fio_mb_s:>7.0f} {c.arena_over_fio:>8.2f} "
+            f"{c.one_slot_over_fio:>8.2f} {c.arena_read_ms:>11.3f} {c.small_pages_read_ms:>10.3f}"
         )
     lines.append(
-        "  engine: ExpertReader into a pre-faulted arena of K slots; one slot: the same reads, "
-        "every expert into slot 0"
+        "  engine: ExpertReader into a pre-faulted arena of K slots "
+        f"({eng.huge_share:.0%} of it on huge pages); 4 KiB pages: the same into an arena kept "
+        "on 4 KiB pages; one slot: the same reads, every expert into one slot; fio's buffers "
+        "are 4 KiB pages"
     )
     if eng.fio_note:
         lines.append(f"  {eng.fio_note}")
