@@ -315,6 +315,8 @@ class ExpertCache:
                 self._free[r] = lru_slots[r * share : (r + 1) * share][::-1]
                 self._lru[r] = OrderedDict()
         self.max_acquire = min(len(v) for v in self._free.values())
+        # the same recency order split by table row (layer_lrfu scores one layer at a time)
+        self._row_lru = [OrderedDict() for _ in range(n_layers)]
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._seen: dict[tuple[int, int], int] = {}
         self._score: dict[tuple[int, int], tuple[float, int]] = {}  # key -> (score, at token)
@@ -395,6 +397,7 @@ class ExpertCache:
                         entry.pins += 1
                         if not entry.hot:
                             self._lru[self._scope(row)].move_to_end(key)
+                            self._row_lru[row].move_to_end(key)
                         if entry.prefetched:
                             entry.prefetched = False
                             c["prefetch_hits"] += 1
@@ -666,7 +669,7 @@ class ExpertCache:
             gone = ranked.pop(self._entries) if ranked is not None else None
             if gone is not None:
                 victim = self._entries.pop(gone)
-                del self._lru[scope][victim.key]
+                self._forget(scope, gone)
                 self._counters["evictions"] += 1
                 slot = victim.slot
             else:
@@ -678,8 +681,14 @@ class ExpertCache:
         `keep`: the layer visited farthest from now_row's first, within it the lowest score,
         then the least recent."""
         n = len(self.table.layers)
-        by_row: dict[int, list] = {}
-        for i, key in enumerate(self._lru[0]):
+        nearest_first = sorted(range(n), key=lambda r: (r - now_row - 1) % n)
+        return _Victims(nearest_first, lambda row: self._candidates(row, keep))
+
+    def _candidates(self, row: int, keep) -> list:
+        """layer_lrfu: row's unpinned, loaded entries outside `keep`, the victim last:
+        [(-score, -recency position, key)]."""
+        out = []
+        for i, key in enumerate(self._row_lru[row]):
             entry = self._entries[key]
             if entry.pins or key in keep or entry.dropped:
                 continue
@@ -687,15 +696,21 @@ class ExpertCache:
                 if not entry.pending[0].done(entry.pending[1]):
                     continue
                 entry.pending = None
-            by_row.setdefault(key[0], []).append((i, key))
-        nearest_first = sorted(by_row, key=lambda r: (r - now_row - 1) % n)
-        return _Victims([by_row[r] for r in nearest_first], self._score_now)
+            out.append((-self._score_now(key), -i, key))
+        out.sort()
+        return out
 
     def _register(self, scope: int, key: tuple[int, int], slot: int) -> _Entry:
         entry = _Entry(key, slot)
         self._entries[key] = entry
         self._lru[scope][key] = None
+        self._row_lru[key[0]][key] = None
         return entry
+
+    def _forget(self, scope: int, key: tuple[int, int]) -> None:
+        """Takes key out of the recency orders (its entry is gone or dropped)."""
+        self._lru[scope].pop(key, None)
+        self._row_lru[key[0]].pop(key, None)
 
     def _score_now(self, key: tuple[int, int]) -> float:
         score, at = self._score.get(key, (0.0, self._token))
@@ -729,7 +744,7 @@ class ExpertCache:
         if not weakest or not self._score_now(key) > weakest[-1][0]:
             return None
         victim = self._entries.pop(weakest.pop()[2])
-        del self._lru[scope][victim.key]
+        self._forget(scope, victim.key)
         self._counters["evictions"] += 1
         return self._register(scope, key, victim.slot)
 
@@ -743,7 +758,7 @@ class ExpertCache:
                 if not entry.pending[0].done(entry.pending[1]):
                     continue
                 entry.pending = None
-            del lru[key]
+            self._forget(scope, key)
             del self._entries[key]
             self._counters["evictions"] += 1
             return entry.slot
@@ -786,7 +801,7 @@ class ExpertCache:
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
         scope = self._scope(entry.key[0])
-        self._lru[scope].pop(entry.key, None)
+        self._forget(scope, entry.key)
         if entry.pins == 0:
             self._free[scope].append(entry.slot)
         self._counters["read_errors"] += 1
@@ -804,7 +819,7 @@ class ExpertCache:
                 entry.pins = 0
                 scope = self._scope(row)
                 del self._entries[entry.key]
-                self._lru[scope].pop(entry.key, None)
+                self._forget(scope, entry.key)
                 self._free[scope].append(entry.slot)
 
     def _submit(self, row: int, experts: list[int], slots: list[int]) -> ReadBatch:
@@ -882,13 +897,13 @@ class ExpertCache:
 
 
 class _Victims:
-    """layer_lrfu victims in order: layer groups [(LRU position, key)], nearest layer first;
-    a layer's entries are scored only when its turn comes (usually one layer per acquire)."""
+    """layer_lrfu victims in order: rows nearest first (the farthest is taken first); a row's
+    entries are ranked only when its turn comes (usually one row per acquire)."""
 
-    def __init__(self, groups: list, score):
-        self.groups = groups
-        self.score = score
-        self.current: list = []  # [(-score, -LRU position, key)], the next victim last
+    def __init__(self, rows: list[int], candidates):
+        self.rows = rows
+        self.candidates = candidates  # row -> [(-score, -recency position, key)], victim last
+        self.current: list = []
 
     def pop(self, alive) -> tuple[int, int] | None:
         """The next victim still in `alive` (others were evicted meanwhile), or None."""
@@ -897,9 +912,9 @@ class _Victims:
                 key = self.current.pop()[-1]
                 if key in alive:
                     return key
-            if not self.groups:
+            if not self.rows:
                 return None
-            self.current = sorted((-self.score(k), -i, k) for i, k in self.groups.pop())
+            self.current = self.candidates(self.rows.pop())
 
 
 def _quiet_wait_all(batch: ReadBatch) -> None:
