@@ -37,7 +37,7 @@ class RunSettings:
     io_split: int = 1
     cache_mode: str = "pagecache"
     cache_policy: str = "auto"  # sdq.pager.CacheSettings.policy
-    # decode: read this many guessed experts of the next layer early; None: half of the K a
+    # decode: read this many guessed experts of the next layer early; None: 3/4 of the K a
     # token uses (paged runs only)
     prefetch_next: int | None = None
     route_log: str | None = None
@@ -118,7 +118,7 @@ class Session:
                 threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
             )
             K = model.spec.n_expert_used
-            self.prefetch_next = min(K // 2 if s.prefetch_next is None else s.prefetch_next, K)
+            self.prefetch_next = min(3 * K // 4 if s.prefetch_next is None else s.prefetch_next, K)
             cs = CacheSettings(policy=s.cache_policy, prefetch_slots=self.prefetch_next)
             experts = ExpertCache(model, self.plan, io=io, settings=cs)
         self.experts = experts

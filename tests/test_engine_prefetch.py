@@ -105,13 +105,13 @@ def test_next_layer_prefetch_keeps_the_logits(q8_model, policy, extra):
         assert s["prefetches"] == s["prefetch_hits"] + s["prefetch_unused"] + s["streamed"]
 
 
-def test_session_prefetches_half_of_k_by_default(tiny_model):
+def test_session_prefetches_three_quarters_of_k_by_default(tiny_model):
     from sdq.errors import ParamsError
     from sdq.session import RunSettings, Session
 
     K = open_model(tiny_model).spec.n_expert_used
     base = dict(model=str(tiny_model), n_ctx=64, n_ubatch=8, ram_budget_mb=4000, reserve_mb=32)
-    for extra, want in [({}, K // 2), ({"prefetch_next": 0}, 0), ({"prefetch_next": 99}, K)]:
+    for extra, want in [({}, 3 * K // 4), ({"prefetch_next": 0}, 0), ({"prefetch_next": 99}, K)]:
         session = Session(RunSettings(**base, **extra))
         try:
             assert session.engine.prefetch_next == session.prefetch_next == want

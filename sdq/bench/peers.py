@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="sdq reads the N most probable guessed experts of the next layer early "
-        "(sdq chat --prefetch-next; default: sdq's, K/2)",
+        "(sdq chat --prefetch-next; default: sdq's, 3K/4)",
     )
     p.add_argument("--io-threads", type=int, help="sdq's expert read threads")
     p.add_argument(

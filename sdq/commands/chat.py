@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="decode: guess the next layer's experts with its router and start reading the N "
-        "most probable (default: half the experts a token uses; 0: off)",
+        "most probable (default: 3/4 of the experts a token uses; 0: off)",
     )
     p.add_argument(
         "--resident", action="store_true", help="copy every expert into RAM (no pager, no budget)"
