@@ -16,7 +16,10 @@ those float weights), see act_quant.py. Norms, RoPE, attention, router: sdq.kern
 
 from sdq.kernels.act_quant import ACT_TYPE, QActivation, quantize_activation
 from sdq.kernels.dot import matmul, matmul_q, matvec, matvec_q
+from sdq.kernels.jit import drop_stale_cache
 from sdq.kernels.quant import SUPPORTED, dequantize, qtype_of
+
+drop_stale_cache()
 
 __all__ = [
     "ACT_TYPE",

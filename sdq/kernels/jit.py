@@ -17,7 +17,9 @@ fastmath policy:
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 
 # Numba's OpenMP threading layer: idle worker threads block instead of spinning. With
 # spinning (the GNU OpenMP default) a kernel call on a machine with more runnable threads
@@ -45,3 +47,43 @@ def kernel(fn=None, *, parallel: bool = False, fastmath=False):
 def inline(fn):
     """A helper inlined into the kernels that call it (compiled with them, never alone)."""
     return njit(inline="always", cache=True, nogil=True)(fn)
+
+
+# Files of LLVM IR intrinsics that kernels inline. Numba keys a cached kernel on the
+# contents of the kernel's own file only, so after a change to one of these a kernel
+# cached earlier would be loaded unchanged.
+INTRINSIC_SOURCES = ("simd.py", "simd_mm.py")
+_STAMP = "sdq-intrinsics.sha256"
+
+
+def drop_stale_cache(cache_dir: Path | None = None) -> bool:
+    """Remove this package's cached kernels when the intrinsic sources changed since they
+    were cached (a hash of them is kept beside the cache); returns True if it did. Kernels
+    then compile again on first use. Errors (e.g. a read-only install) are ignored.
+
+    cache_dir: where Numba keeps this package's kernels (default: asked of a kernel)."""
+    if cache_dir is None:
+        from sdq.kernels.dot import _mm_q4_k_simd  # any kernel of this package
+
+        try:
+            cache_dir = Path(_mm_q4_k_simd._cache._cache_path)  # Numba internals
+        except AttributeError:
+            return False
+    here = Path(__file__).parent
+    digest = hashlib.sha256(b"".join((here / n).read_bytes() for n in INTRINSIC_SOURCES))
+    stamp = cache_dir / _STAMP
+    try:
+        if stamp.read_text() == digest.hexdigest():
+            return False
+    except OSError:
+        pass
+    try:
+        for f in cache_dir.glob("*.nb[ic]"):
+            f.unlink(missing_ok=True)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir / f"{_STAMP}.{os.getpid()}.tmp"
+        tmp.write_text(digest.hexdigest())
+        os.replace(tmp, stamp)
+    except OSError:
+        return False
+    return True
