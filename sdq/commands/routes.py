@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
-        help=f"comma-separated policies (default {DEFAULT_POLICIES}; also layer_lrfu for "
-        "--scope global, pin_other: a pin ranked on the trace's other sequences)",
+        help=f"comma-separated policies (default {DEFAULT_POLICIES}; also layer_lrfu and "
+        "lrfu_bypass (K of the slots stream) for --scope global, pin_other: a pin ranked "
+        "on the trace's other sequences)",
     )
     sim.add_argument(
         "--slots",
