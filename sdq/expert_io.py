@@ -113,10 +113,17 @@ class SlotLayout:
 class ReadBatch:
     """A submitted batch: wait for one expert (group) or all, with errors as ReadError."""
 
-    def __init__(self, batch, path: str, meta: np.ndarray):
+    def __init__(self, batch, path: str, meta):
         self.batch = batch
         self.path = path
-        self.meta = meta  # int64 [R, 3]: layer, expert, part of each read
+        self._meta = meta  # int64 [R, 3], or (ReadTemplate, experts, layer) to build it from
+
+    @property
+    def meta(self) -> np.ndarray:
+        """int64 [R, 3]: layer, expert, part of each read."""
+        if isinstance(self._meta, tuple):
+            self._meta = template_meta(*self._meta)
+        return self._meta
 
     def wait(self, group: int) -> None:
         try:
@@ -184,6 +191,7 @@ class ExpertReader:
         if io.cache_mode == "dontneed":
             # no readahead: it would leave neighbouring experts cached behind DONTNEED's back
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self._templates: dict[int, ReadTemplate] = {}  # table row -> its reads, built once
         self.pool = _io.Pool(io.threads)
 
     def set_io(self, io: IOSettings) -> None:
@@ -191,29 +199,37 @@ class ExpertReader:
         if io.cache_mode != self.io.cache_mode:
             raise ParamsError("the cache mode of an open reader cannot change")
         self.pool.threads = io.threads
+        if io.chunks != self.io.chunks:
+            self._templates = {}
         self.io = io
+
+    def template(self, row: int) -> ReadTemplate:
+        """Table row `row`'s ReadTemplate for the current split (built on first use)."""
+        tmpl = self._templates.get(row)
+        if tmpl is None:
+            t = self.table
+            tmpl = read_template(
+                t.offsets[row], t.nbytes[row], self.fd, self.layout, self.io.chunks
+            )
+            self._templates[row] = tmpl
+        return tmpl
 
     def plan(self, row: int, experts, addrs) -> tuple[np.ndarray, np.ndarray]:
         """Reads for experts[k] of table row `row` into slot addresses addrs[k].
 
         Returns (reads int64 [R, 7], meta int64 [R, 3]: layer, expert, part of each read).
         """
-        return plan_reads(
-            self.table.offsets[row],
-            self.table.nbytes[row],
-            experts,
-            addrs,
-            self.fd,
-            self.layout,
-            self.io.mode,
-            self.io.chunks,
-            self.table.layers[row],
-        )
+        tmpl = self.template(row)
+        reads = apply_template(tmpl, experts, addrs, self.io.mode)
+        return reads, template_meta(tmpl, experts, self.table.layers[row])
 
     def submit(self, row: int, experts, addrs, keepalive=None) -> tuple[ReadBatch, int]:
         """Submits the reads; returns (batch, device bytes requested)."""
-        reads, meta = self.plan(row, experts, addrs)
+        tmpl = self.template(row)
+        reads = apply_template(tmpl, experts, addrs, self.io.mode)
         batch = self.pool.submit(reads, self.flags, keepalive)
+        layer = self.table.layers[row]
+        meta = (tmpl, experts, layer)  # the meta table is only built to describe a failure
         return ReadBatch(batch, self.path, meta), int(reads[:, 2].sum())
 
     def drop_cache(self) -> None:
@@ -248,55 +264,92 @@ def _chunks(start: int, stop: int, n: int):
     return list(zip(cuts[:-1], cuts[1:], strict=False))
 
 
+@dataclass(frozen=True)
+class ReadTemplate:
+    """Every expert's reads of one layer, computed once: plan_reads then only gathers the
+    requested experts and adds their slot addresses.
+
+    rows: int64 [E, M, 7] (M = P x chunks): fd, offset, length, need, destination relative to
+    the slot start, 0, 0, ordered by part then chunk; valid: bool [E, M] (None when every row
+    is a read: no split, or every segment cut into `chunks`); parts: int64 [E, M] part of
+    each row."""
+
+    rows: np.ndarray
+    valid: np.ndarray | None
+    parts: np.ndarray
+
+
+def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
+    """The ReadTemplate of a layer: offsets, nbytes int64 [E, P]."""
+    off = np.asarray(offsets, dtype=np.int64)  # [E, P]
+    end = off + np.asarray(nbytes, dtype=np.int64)  # [E, P]
+    if layout.direct:
+        start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
+    else:
+        start, stop = off, end
+    n = max(int(chunks), 1)
+    if n > 1:
+        step = align_up(-(-(stop - start) // n), SPLIT_PAGE)  # [E, P]
+        base = start - start % SPLIT_PAGE
+        j = np.arange(1, n, dtype=np.int64)  # [n-1]
+        cuts = base[..., None] + j * step[..., None]  # [E, P, n-1], increasing
+        cuts = np.where((stop - start)[..., None] > SPLIT_PAGE, cuts, stop[..., None])
+        bounds = np.concatenate(
+            [start[..., None], np.minimum(cuts, stop[..., None]), stop[..., None]], -1
+        )  # [E, P, n+1]
+        lo, hi = bounds[..., :-1], bounds[..., 1:]  # [E, P, n]
+    else:
+        lo, hi = start[..., None], stop[..., None]  # [E, P, 1]
+    region = np.asarray(layout.region_offsets, dtype=np.int64)  # [P]
+    E, P = off.shape
+    rows = np.zeros((E, P, n, 7), dtype=np.int64)
+    rows[..., 0] = fd
+    rows[..., 1] = lo
+    rows[..., 2] = hi - lo
+    rows[..., 3] = np.minimum(hi, end[..., None]) - lo
+    rows[..., 4] = region[None, :, None] + (lo - start[..., None])
+    valid = (lo < hi).reshape(E, P * n)  # [E, M]
+    parts = np.broadcast_to(np.arange(P, dtype=np.int64)[:, None], (E, P, n)).reshape(E, P * n)
+    return ReadTemplate(rows.reshape(E, P * n, 7), None if valid.all() else valid, parts)
+
+
+_ARANGE = np.arange(1024, dtype=np.int64)  # group numbers of a request, sliced not rebuilt
+
+
+def apply_template(tmpl: ReadTemplate, experts, addrs, mode: str) -> np.ndarray:
+    """Reads int64 [R, 7] for experts [K] into slot addresses addrs [K] (see plan_reads)."""
+    experts = np.asarray(experts, dtype=np.int64)  # [K]
+    K = len(experts)
+    reads = tmpl.rows[experts]  # [K, M, 7] (a copy)
+    reads[:, :, 4] += np.asarray(addrs, dtype=np.int64)[:, None]
+    reads[:, :, 6] = _ARANGE[:K, None] if K <= len(_ARANGE) else np.arange(K)[:, None]
+    reads = reads.reshape(-1, 7) if tmpl.valid is None else reads[tmpl.valid[experts]]  # [R, 7]
+    reads[:, 5] = reads[:, 6] if mode == "serial" else np.arange(len(reads))
+    return reads
+
+
+def template_meta(tmpl: ReadTemplate, experts, layer: int) -> np.ndarray:
+    """int64 [R, 3]: layer, expert, part of each read of apply_template(tmpl, experts, ...)."""
+    experts = np.asarray(experts, dtype=np.int64)  # [K]
+    parts = tmpl.parts[experts]  # [K, M]
+    ids = np.broadcast_to(experts[:, None], parts.shape)  # [K, M]
+    if tmpl.valid is not None:
+        keep = tmpl.valid[experts]
+        parts, ids = parts[keep], ids[keep]
+    parts, ids = parts.reshape(-1), ids.reshape(-1)
+    return np.stack([np.full(len(parts), layer, dtype=np.int64), ids, parts], axis=1)
+
+
 def plan_reads(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=0):
     """The read table for experts of one layer (vectorized; plan_reads_ref is the plain loop).
 
     offsets, nbytes: int64 [E, P] of the layer; experts [K]; addrs [K] slot addresses.
     Returns (reads int64 [R, 7]: fd, offset, length, need, dest, task, group; meta [R, 3]).
     Reads are ordered by expert, part, chunk; the group of a read is its expert's index k.
+    ExpertReader keeps each layer's template and calls apply_template directly.
     """
-    experts = np.asarray(experts, dtype=np.int64)  # [K]
-    addrs = np.asarray(addrs, dtype=np.int64)  # [K]
-    K = len(experts)
-    off = offsets[experts].reshape(-1)  # [S] S = K * P segments, expert-major
-    end = off + nbytes[experts].reshape(-1)  # [S]
-    if layout.direct:
-        start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
-    else:
-        start, stop = off, end
-    region = np.asarray(layout.region_offsets, dtype=np.int64)
-    dest0 = (addrs[:, None] + region[None, :]).reshape(-1)  # [S] the region holds [start, stop)
-    seg_k = np.repeat(np.arange(K, dtype=np.int64), 3)  # [S]
-    seg_p = np.tile(np.arange(3, dtype=np.int64), K)  # [S]
-    if chunks > 1:
-        step = align_up(-(-(stop - start) // chunks), SPLIT_PAGE)  # [S]
-        base = start - start % SPLIT_PAGE
-        j = np.arange(1, chunks, dtype=np.int64)  # [n-1]
-        cuts = base[:, None] + j[None, :] * step[:, None]  # [S, n-1], increasing
-        cuts = np.where(stop[:, None] - start[:, None] > SPLIT_PAGE, cuts, stop[:, None])
-        bounds = np.concatenate([start[:, None], np.minimum(cuts, stop[:, None]), stop[:, None]], 1)
-        lo, hi = bounds[:, :-1], bounds[:, 1:]  # [S, n]
-        keep = lo < hi
-        seg = np.broadcast_to(np.arange(len(off))[:, None], lo.shape)[keep]  # [R]
-        lo, hi = lo[keep], hi[keep]
-    else:
-        seg, lo, hi = np.arange(len(off)), start, stop
-    R = len(seg)
-    reads = np.empty((R, 7), dtype=np.int64)
-    reads[:, 0] = fd
-    reads[:, 1] = lo
-    reads[:, 2] = hi - lo
-    reads[:, 3] = np.minimum(hi, end[seg]) - lo
-    reads[:, 4] = dest0[seg] + (lo - start[seg])
-    if mode == "serial":
-        reads[:, 5] = seg_k[seg]
-    elif chunks > 1:
-        reads[:, 5] = np.arange(R)
-    else:
-        reads[:, 5] = seg
-    reads[:, 6] = seg_k[seg]
-    meta = np.stack([np.full(R, layer), experts[seg_k[seg]], seg_p[seg]], axis=1)  # [R, 3]
-    return reads, meta
+    tmpl = read_template(offsets, nbytes, fd, layout, chunks)
+    return apply_template(tmpl, experts, addrs, mode), template_meta(tmpl, experts, layer)
 
 
 def plan_reads_ref(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=0):

@@ -348,7 +348,9 @@ class ExpertCache:
         self._read_ns = 0
         self._busy_ns = 0
         self._wait_ns = 0
-        self._layer_counts = np.zeros((n_layers, 3), dtype=np.int64)  # [L, (lookups, hits, misses)]
+        self._layer_counts = [[0, 0, 0] for _ in range(n_layers)]  # [L][lookups, hits, misses]
+        self._expert_bytes = self.table.nbytes.sum(axis=2).tolist()  # [L][E] Python ints
+        self._view_specs: list[list | None] = [None] * n_layers  # see _view_rows
         self.route_log = RouteLog(s.route_log) if s.route_log else None
         self._closed = False
         if s.hot_pin:
@@ -449,7 +451,10 @@ class ExpertCache:
             c["hits"] += n_hits
             c["misses"] += len(ids) - n_hits
             c["bypassed"] += sum(1 for i in load if entries[i] is None)
-            self._layer_counts[row] += (len(ids), n_hits, len(ids) - n_hits)
+            counts = self._layer_counts[row]
+            counts[0] += len(ids)
+            counts[1] += n_hits
+            counts[2] += len(ids) - n_hits
             if load:
                 batch = self._submit(row, [ids[i] for i in load], [slots[i] for i in load])
                 for g, i in enumerate(load):
@@ -823,11 +828,13 @@ class ExpertCache:
                 self._free[scope].append(entry.slot)
 
     def _submit(self, row: int, experts: list[int], slots: list[int]) -> ReadBatch:
-        addrs = [self.arena.address(s) for s in slots]
+        base, size = self.arena.base, self.arena.slot_bytes
+        addrs = [base + s * size for s in slots]
         batch, device_bytes = self.reader.submit(row, experts, addrs, keepalive=self.arena)
         self._inflight.append(batch)
         self._counters["bytes_read"] += device_bytes
-        self._counters["expert_bytes_read"] += int(self.table.nbytes[row, experts].sum())
+        sizes = self._expert_bytes[row]
+        self._counters["expert_bytes_read"] += sum(sizes[e] for e in experts)
         return batch
 
     def _harvest(self) -> None:
@@ -867,16 +874,36 @@ class ExpertCache:
             entry.pending = None  # plain attribute store: safe without the lock
 
     def _views(self, layer: int, expert: int, slot: int):
-        row = self.table.row(layer)
-        base = slot * self.arena.slot_bytes
-        out = []
-        for p in range(3):
-            off = int(self.table.offsets[row, expert, p])
-            n = int(self.table.nbytes[row, expert, p])
-            rows = int(self.table.shapes[p][0])
-            start = base + self.layout.view_offset(off, p)
-            out.append(self.arena.buf[start : start + n].reshape(rows, n // rows))
-        return tuple(out)
+        (g0, gn, gr, gc), (u0, un, ur, uc), (d0, dn, dr, dc) = self._view_rows(
+            self.table.row(layer)
+        )[expert]
+        buf, base = self.arena.buf, slot * self.arena.slot_bytes
+        return (
+            buf[base + g0 : base + g0 + gn].reshape(gr, gc),
+            buf[base + u0 : base + u0 + un].reshape(ur, uc),
+            buf[base + d0 : base + d0 + dn].reshape(dr, dc),
+        )
+
+    def _view_rows(self, row: int) -> list:
+        """Per expert of table row `row`, per part: (start in the slot, bytes, rows, row
+        bytes) as Python ints, built on first use (views are cut per expert per token)."""
+        specs = self._view_specs[row]
+        if specs is None:
+            t = self.table
+            specs = [
+                tuple(
+                    (
+                        self.layout.view_offset(int(t.offsets[row, e, p]), p),
+                        int(t.nbytes[row, e, p]),
+                        int(t.shapes[p][0]),
+                        int(t.nbytes[row, e, p]) // int(t.shapes[p][0]),
+                    )
+                    for p in range(3)
+                )
+                for e in range(t.n_expert)
+            ]
+            self._view_specs[row] = specs
+        return specs
 
     def _load_hot(self, hot_slots: list[int]) -> None:
         """Reads the first hot_pin experts of the ranking into their pinned slots."""
