@@ -430,7 +430,7 @@ class Engine:
         s, ws, nxt = self.spec, self.ws, self.weights.layers[il + 1]
         if ws.router.shape[0] < 2:
             return 0.0
-        xin, logits = ws.ffn_in[:1], ws.router[1:2]  # [1, D], [1, E]: idle in a decode step
+        xin, logits = ws.ffn_in[0, :1], ws.router[1:2]  # [1, D], [1, E]: idle in a decode step
         ids, w = ws.topk_ids[1:2], ws.topk_w[1:2]  # [1, K]
         ops.rms_norm(ws.x[:1], nxt.ffn_norm, s.rms_eps, xin)
         if nxt.router.qtype == GGMLQuantizationType.F32:  # one BLAS matvec, no thread to wake
@@ -452,7 +452,7 @@ class Engine:
         This thread waits for each expert's bytes (in ready order) and hands it on; its wait
         time, reported as io_wait, may then overlap the workers' compute."""
         order = _ready_order(handle, len(chunk))
-        workers = numba.get_num_threads() if T > 1 else 1
+        workers = min(numba.get_num_threads(), self.ws.ffn_in.shape[0]) if T > 1 else 1
         wait_s = 0.0
         if workers == 1:
             for i in order:
@@ -483,18 +483,25 @@ class Engine:
                 pool.shutdown()
             pool = self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sdq-expert")
             self._worker_bufs = threading.local()
+            self._worker_ids = iter(range(workers))  # worker i uses the workspace's buffers [i]
         return pool
 
+    def close(self) -> None:
+        """Stops the prefill worker threads (if any ran)."""
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown()
+            self._pool = None
+
     def _expert_on_worker(self, e: int, views, ids, weights, T: int) -> None:
-        """_expert on a pool thread: single-threaded kernels, the thread's own buffers
-        (ffn_in, ffn_gate, ffn_up, ffn_down shaped as the workspace's: ~2.6 MB per worker
-        for the mini model at n_ubatch 128; not in the memory plan)."""
+        """_expert on a pool thread: single-threaded kernels, the thread's own expert buffers
+        (row i of the workspace's ffn_in, ffn_gate, ffn_up, ffn_down [W, T, .], which the
+        memory plan counts for W compute threads)."""
         numba.set_num_threads(1)  # this thread's kernels only
         local = self._worker_bufs
         if not hasattr(local, "bufs"):
-            ws = self.ws
-            like = (ws.ffn_in, ws.ffn_gate, ws.ffn_up, ws.ffn_down)
-            local.bufs = tuple(np.empty_like(a) for a in like)
+            i, ws = next(self._worker_ids), self.ws
+            local.bufs = (ws.ffn_in[i], ws.ffn_gate[i], ws.ffn_up[i], ws.ffn_down[i])
         self._expert(e, views, ids, weights, T, None, local.bufs)
 
     def _expert(
@@ -505,9 +512,9 @@ class Engine:
 
         acts: the layer's normed input xn [T, D], converted once for every expert (decode).
         bufs: (ffn_in [>=T, D], ffn_gate [>=T, F], ffn_up [>=T, F], ffn_down [>=T, D]) scratch;
-        default the workspace's."""
+        default the workspace's first set."""
         ws = self.ws
-        bufs = bufs or (ws.ffn_in, ws.ffn_gate, ws.ffn_up, ws.ffn_down)
+        bufs = bufs or (ws.ffn_in[0], ws.ffn_gate[0], ws.ffn_up[0], ws.ffn_down[0])
         ffn_in, ffn_gate, ffn_up, ffn_down = bufs
         (F, D), _, _ = self.expert_shapes
         gq, uq, dq = self.expert_qtypes[self._layer]

@@ -8,8 +8,9 @@ grew after sizing the arena is what crashed the 8 GB machine):
   rss_now       the process as it is when planning (interpreter, numpy, numba, the GGUF header)
   dense         every tensor that is not a routed expert (model.dense_bytes), which the engine
                 copies into anonymous memory and keeps resident
-  kv, compute   sdq.workspace.workspace_bytes(spec, n_ctx, n_ubatch): buffers named *cache are
-                the KV cache, the rest the ubatch compute buffers
+  kv, compute   sdq.workspace.workspace_bytes(spec, n_ctx, n_ubatch, compute_threads): buffers
+                named *cache are the KV cache, the rest the ubatch compute buffers (one set of
+                expert buffers per compute thread)
   pager fixed   I/O worker stacks (the pager reads in place, so no bounce buffers)
   reserve       head room for what is not modelled (allocator slack, JIT code); seed default 900
 Plan first, then load the dense weights and allocate: the plan measures RSS as it is now.
@@ -134,6 +135,7 @@ def plan_memory(
     cache_mode: str = "pagecache",
     io_threads: int = 8,
     extra_slots: int = 0,
+    compute_threads: int = 1,
 ) -> MemoryPlan:
     """Plans the arena for `model` under `ram_budget_mb`.
 
@@ -145,7 +147,7 @@ def plan_memory(
     table = expert_table(model)
     spec = model.spec
     layout = SlotLayout.for_table(table, cache_mode)
-    ws = workspace_bytes(spec, n_ctx, n_ubatch)
+    ws = workspace_bytes(spec, n_ctx, n_ubatch, compute_threads)
     kv = sum(b for name, b in ws.items() if name.endswith("cache"))
     compute = sum(ws.values()) - kv
     rss = current_rss() if rss_now is None else int(rss_now)

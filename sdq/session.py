@@ -89,7 +89,7 @@ class Session:
         self.route_log = None
         self.prefetch_next = 0
         if s.resident:
-            ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch)
+            ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
             weights = DenseWeights.load(model)
             experts = ResidentExperts(model)
         else:
@@ -108,11 +108,12 @@ class Session:
                 s.n_ubatch,
                 cache_mode=s.cache_mode,
                 io_threads=io_threads,
+                compute_threads=s.threads,
                 **kw,
             )
             if s.max_slots is not None and self.plan.slots > s.max_slots:
                 self.plan = dataclasses.replace(self.plan, slots=s.max_slots)
-            ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch)
+            ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
             weights = DenseWeights.load(model)
             io = IOSettings(
                 threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
@@ -163,6 +164,7 @@ class Session:
             self.route_log = None
         with contextlib.suppress(AttributeError):
             self.experts.close()
+        self.engine.close()
 
 
 @contextlib.contextmanager

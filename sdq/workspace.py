@@ -11,7 +11,8 @@ few T x max(D, F) floats (about 1 MB at T 128, D 2048) and come and go within on
 plan's reserve covers them.
 
 Dimension key: L layers, C context length, T ubatch tokens, D n_embd, H heads, Hkv KV heads,
-Dh head dim, E experts, K experts used, F expert FFN size, V vocabulary.
+Dh head dim, E experts, K experts used, F expert FFN size, V vocabulary, W compute threads
+(a prefill ubatch runs whole experts on W threads at once, each with its own expert buffers).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def workspace_layout(spec, n_ctx: int, n_ubatch: int) -> dict[str, tuple[tuple[int, ...], type]]:
+def workspace_layout(
+    spec, n_ctx: int, n_ubatch: int, workers: int = 1
+) -> dict[str, tuple[tuple[int, ...], type]]:
     """name -> (shape, dtype) for the KV cache and the ubatch compute buffers."""
-    L, C, T = spec.n_layer, n_ctx, n_ubatch
+    L, C, T, W = spec.n_layer, n_ctx, n_ubatch, max(int(workers), 1)
     D, H, Hkv, Dh = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim
     E, K, F, V = spec.n_expert, spec.n_expert_used, spec.expert_ffn, spec.n_vocab
     return {
@@ -43,10 +46,11 @@ def workspace_layout(spec, n_ctx: int, n_ubatch: int) -> dict[str, tuple[tuple[i
         "router": ((T, E), np.float32),
         "topk_ids": ((T, K), np.int32),
         "topk_w": ((T, K), np.float32),
-        "ffn_in": ((T, D), np.float32),  # the tokens routed to one expert, gathered
-        "ffn_gate": ((T, F), np.float32),  # gate projection, then silu(gate) * up
-        "ffn_up": ((T, F), np.float32),
-        "ffn_down": ((T, D), np.float32),  # one expert's down projection
+        # one expert's buffers per compute thread: [W, T, .]
+        "ffn_in": ((W, T, D), np.float32),  # the tokens routed to one expert, gathered
+        "ffn_gate": ((W, T, F), np.float32),  # gate projection, then silu(gate) * up
+        "ffn_up": ((W, T, F), np.float32),
+        "ffn_down": ((W, T, D), np.float32),  # one expert's down projection
         # each token's K weighted expert outputs, in top-K order, whatever order the experts
         # were computed in (hits first, misses as their reads land): summed in that fixed order
         "ffn_parts": ((T, K, D), np.float32),
@@ -55,11 +59,11 @@ def workspace_layout(spec, n_ctx: int, n_ubatch: int) -> dict[str, tuple[tuple[i
     }
 
 
-def workspace_bytes(spec, n_ctx: int, n_ubatch: int) -> dict[str, int]:
+def workspace_bytes(spec, n_ctx: int, n_ubatch: int, workers: int = 1) -> dict[str, int]:
     """name -> bytes, for the plan."""
     return {
         name: int(np.prod(shape)) * np.dtype(dtype).itemsize
-        for name, (shape, dtype) in workspace_layout(spec, n_ctx, n_ubatch).items()
+        for name, (shape, dtype) in workspace_layout(spec, n_ctx, n_ubatch, workers).items()
     }
 
 
@@ -70,8 +74,8 @@ class Workspace:
     buffers: dict[str, np.ndarray]
 
     @classmethod
-    def allocate(cls, spec, n_ctx: int, n_ubatch: int) -> Workspace:
-        layout = workspace_layout(spec, n_ctx, n_ubatch)
+    def allocate(cls, spec, n_ctx: int, n_ubatch: int, workers: int = 1) -> Workspace:
+        layout = workspace_layout(spec, n_ctx, n_ubatch, workers)
         return cls({name: np.zeros(shape, dtype) for name, (shape, dtype) in layout.items()})
 
     def __getattr__(self, name: str) -> np.ndarray:

@@ -2,12 +2,13 @@
 
 import json
 
+import numba
 import numpy as np
 import pytest
 from engine_support import Dims, reference_logits, write_model
 from gguf.constants import GGMLQuantizationType as Q
 
-from sdq.engine import Engine, ResidentExperts
+from sdq.engine import DenseWeights, Engine, ResidentExperts
 from sdq.errors import SdqError
 from sdq.gguf import open_model
 from sdq.memory import plan_for_slots
@@ -129,3 +130,25 @@ def test_expert_sum_does_not_depend_on_compute_order(f32_model, monkeypatch, n_u
     monkeypatch.setattr(engine_module, "_ready_order", lambda handle, n: list(range(n))[::-1])
     got, _ = run(f32_model, TOKENS[:16], n_ubatch)
     assert np.array_equal(got, base)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 Numba threads")
+def test_prefill_on_expert_workers_equals_one_thread(tiny_model):
+    """A prefill ubatch's experts computed whole on 2 worker threads (each with its own row of
+    the workspace's expert buffers) give the same logits as on one thread."""
+    model = open_model(tiny_model)
+    experts = ResidentExperts(model)
+    weights = DenseWeights.load(model)
+    tokens = np.arange(40, 72)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        out = {}
+        for workers in (1, 2):
+            ws = Workspace.allocate(model.spec, 64, 32, workers)
+            engine = Engine(model, experts, ws, 64, 32, weights=weights)
+            out[workers] = engine.forward(tokens, logits="all")
+            engine.close()
+    finally:
+        numba.set_num_threads(threads)
+    np.testing.assert_array_equal(out[1], out[2])

@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="slot alignment follows the cache mode (direct: 4096)",
     )
     p.add_argument("--io-threads", type=int, default=8, help="I/O pool threads (default 8)")
+    p.add_argument(
+        "-t", "--threads", type=int, default=2, help="compute threads, as sdq chat (default 2)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -41,6 +44,7 @@ def run(args) -> int:
         reserve_mb=reserve,
         cache_mode=args.cache_mode,
         io_threads=args.io_threads,
+        compute_threads=args.threads,
     )
     if args.json:
         print(json.dumps({"model": str(model.path), **plan.to_dict()}, indent=1))

@@ -176,7 +176,7 @@ def _calibration_run(model: str, s: Settings, m) -> int:
 
     from sdq.workspace import workspace_bytes
 
-    ws = sum(workspace_bytes(m.spec, s.ctx, s.ubatch).values())
+    ws = sum(workspace_bytes(m.spec, s.ctx, s.ubatch, s.threads).values())
     # a budget that leaves ~600 MB beyond the model's fixed terms, whatever the RSS
     fixed_mb = (m.dense_bytes + ws) / MB
     budget = 100_000.0
@@ -211,6 +211,7 @@ def budget_mb(
         rss_now=cal.rss_bytes,
         cache_mode=s.cache_mode,
         io_threads=io_threads,
+        compute_threads=s.threads,
     )
     return (plan.budget_for_slots(slots) + plan.per_slot_bytes // 2) / MB
 
@@ -219,11 +220,11 @@ def target_slots(cal: Calibration, s: Settings) -> int:
     return max(round(s.arena_fraction * cal.n_experts), 2 * cal.n_expert_used)
 
 
-def workspace_mb(model_obj, ctx: int, ubatch: int) -> tuple[float, float]:
-    """(KV cache MB, compute buffers MB) the plan counts for ctx and ubatch."""
+def workspace_mb(model_obj, ctx: int, ubatch: int, threads: int = 1) -> tuple[float, float]:
+    """(KV cache MB, compute buffers MB) the plan counts for ctx, ubatch and compute threads."""
     from sdq.workspace import workspace_bytes
 
-    ws = workspace_bytes(model_obj.spec, ctx, ubatch)
+    ws = workspace_bytes(model_obj.spec, ctx, ubatch, threads)
     kv = sum(b for name, b in ws.items() if name.endswith("cache"))
     return kv / MB, (sum(ws.values()) - kv) / MB
 
@@ -393,7 +394,7 @@ class SuiteBuilder:
         self, suite, label, sizing, ubatch, reserve_mb, budget, n_predict, prompt, method
     ):
         s = self.s
-        kv, compute = workspace_mb(self.m, s.memory_ctx, ubatch)
+        kv, compute = workspace_mb(self.m, s.memory_ctx, ubatch, s.threads)
         plan_reserve = reserve_mb if sizing == "plan" else reserve_mb - kv - compute
         common = _chat_common(self.model, s, n_predict=n_predict, ubatch=ubatch, prompt=prompt)
         common[common.index("-c") + 1] = str(s.memory_ctx)
