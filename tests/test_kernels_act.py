@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from sdq.errors import SdqError
 from sdq.kernels import quantize_activation
 from sdq.kernels.act_quant import (
     quantize_q8_0_ref,
@@ -106,3 +107,11 @@ def test_f16_bf16_rounding_edges():
 def test_f32_activations_pass_through():
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     np.testing.assert_array_equal(quantize_activation(x, QT.F32).xf, x)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K])  # Q8_K activations
+def test_infinite_activation_is_a_clear_error(qtype):
+    x = np.ones((2, 256), np.float32)
+    x[1, 7] = -np.inf
+    with pytest.raises(SdqError, match="infinite value"):
+        quantize_activation(x, qtype)

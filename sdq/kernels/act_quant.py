@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from sdq.errors import SdqError
 from sdq.kernels.jit import inline, kernel
 from sdq.kernels.quant import QK_K, qtype_of
 from sdq.kernels.simd import round_f16
@@ -183,12 +184,18 @@ def quantize_activation(x: np.ndarray, weight_qtype) -> QActivation:
             raise ValueError(f"activation length {cols} is not a multiple of {at.name} block {bs}")
         qs = np.empty((T, cols), dtype=np.int8)
         d = np.empty((T, cols // bs), dtype=np.float32)
-        if at == QT.Q8_K:
-            bsums = np.empty((T, cols // 16), dtype=np.int16)
-            _quantize_q8_k(x2, qs, d, bsums)
-            return QActivation(at, T, cols, qs=qs, d=d, bsums=bsums)
-        _quantize_q8_0(x2, qs, d)
-        return QActivation(at, T, cols, qs=qs, d=d)
+        try:
+            if at == QT.Q8_K:
+                bsums = np.empty((T, cols // 16), dtype=np.int16)
+                _quantize_q8_k(x2, qs, d, bsums)
+                return QActivation(at, T, cols, qs=qs, d=d, bsums=bsums)
+            _quantize_q8_0(x2, qs, d)
+            return QActivation(at, T, cols, qs=qs, d=d)
+        except ZeroDivisionError:  # Q8_K: a block whose largest value is +-inf has no scale
+            raise SdqError(
+                f"activations [{T}, {cols}] for a {wt.name} product hold an infinite value: "
+                "the model's weights overflow float32"
+            ) from None
     if at == QT.F32:
         return QActivation(at, T, cols, xf=x2)
     xf = np.empty_like(x2)
