@@ -351,6 +351,8 @@ class ExpertCache:
         self._layer_counts = [[0, 0, 0] for _ in range(n_layers)]  # [L][lookups, hits, misses]
         self._expert_bytes = self.table.nbytes.sum(axis=2).tolist()  # [L][E] Python ints
         self._view_specs: list[list | None] = [None] * n_layers  # see _view_rows
+        # slot -> (row, expert, views) last cut from it: a hit reuses them
+        self._slot_views: list[tuple | None] = [None] * plan.slots
         self.route_log = RouteLog(s.route_log) if s.route_log else None
         self._closed = False
         if s.hot_pin:
@@ -609,6 +611,7 @@ class ExpertCache:
         self.reader.close()
         if self.route_log is not None:
             self.route_log.close()
+        self._slot_views = [None] * self.plan.slots
         self.arena.close()
 
     def __enter__(self) -> ExpertCache:
@@ -874,15 +877,19 @@ class ExpertCache:
             entry.pending = None  # plain attribute store: safe without the lock
 
     def _views(self, layer: int, expert: int, slot: int):
-        (g0, gn, gr, gc), (u0, un, ur, uc), (d0, dn, dr, dc) = self._view_rows(
-            self.table.row(layer)
-        )[expert]
+        row = self.table.row(layer)
+        cached = self._slot_views[slot]
+        if cached is not None and cached[0] == row and cached[1] == expert:
+            return cached[2]  # the expert is still in this slot: same bytes, same views
+        (g0, gn, gr, gc), (u0, un, ur, uc), (d0, dn, dr, dc) = self._view_rows(row)[expert]
         buf, base = self.arena.buf, slot * self.arena.slot_bytes
-        return (
+        views = (
             buf[base + g0 : base + g0 + gn].reshape(gr, gc),
             buf[base + u0 : base + u0 + un].reshape(ur, uc),
             buf[base + d0 : base + d0 + dn].reshape(dr, dc),
         )
+        self._slot_views[slot] = (row, expert, views)  # a plain store: no lock needed
+        return views
 
     def _view_rows(self, row: int) -> list:
         """Per expert of table row `row`, per part: (start in the slot, bytes, rows, row
