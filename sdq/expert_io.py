@@ -230,7 +230,8 @@ class ExpertReader:
         batch = self.pool.submit(reads, self.flags, keepalive)
         layer = self.table.layers[row]
         meta = (tmpl, experts, layer)  # the meta table is only built to describe a failure
-        return ReadBatch(batch, self.path, meta), int(reads[:, 2].sum())
+        device = tmpl.device_bytes
+        return ReadBatch(batch, self.path, meta), sum(device[e] for e in experts)
 
     def drop_cache(self) -> None:
         """Drops the file's pages from the page cache (written back first: DONTNEED keeps dirty
@@ -270,13 +271,17 @@ class ReadTemplate:
     requested experts and adds their slot addresses.
 
     rows: int64 [E, M, 7] (M = P x chunks): fd, offset, length, need, destination relative to
-    the slot start, 0, 0, ordered by part then chunk; valid: bool [E, M] (None when every row
-    is a read: no split, or every segment cut into `chunks`); parts: int64 [E, M] part of
-    each row."""
+    the slot start, row index m within the expert, 0, ordered by part then chunk; valid:
+    bool [E, M] (None when every row is a read: no split, or every segment cut into
+    `chunks`); parts: int64 [E, M] part of each row; shift: int64 [E, 1, 7], added to the k-th
+    requested expert's rows: task k*M + m, group k; device_bytes: per expert, the bytes its
+    reads request (Python ints)."""
 
     rows: np.ndarray
     valid: np.ndarray | None
     parts: np.ndarray
+    shift: np.ndarray
+    device_bytes: list[int]
 
 
 def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
@@ -308,23 +313,30 @@ def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
     rows[..., 2] = hi - lo
     rows[..., 3] = np.minimum(hi, end[..., None]) - lo
     rows[..., 4] = region[None, :, None] + (lo - start[..., None])
-    valid = (lo < hi).reshape(E, P * n)  # [E, M]
-    parts = np.broadcast_to(np.arange(P, dtype=np.int64)[:, None], (E, P, n)).reshape(E, P * n)
-    return ReadTemplate(rows.reshape(E, P * n, 7), None if valid.all() else valid, parts)
-
-
-_ARANGE = np.arange(1024, dtype=np.int64)  # group numbers of a request, sliced not rebuilt
+    M = P * n
+    rows = rows.reshape(E, M, 7)
+    rows[..., 5] = np.arange(M)
+    valid = (lo < hi).reshape(E, M)
+    parts = np.broadcast_to(np.arange(P, dtype=np.int64)[:, None], (E, P, n)).reshape(E, M)
+    shift = np.zeros((E, 1, 7), dtype=np.int64)
+    shift[:, 0, 5] = np.arange(E) * M
+    shift[:, 0, 6] = np.arange(E)
+    device = (rows[..., 2] * valid).sum(axis=1).tolist()
+    return ReadTemplate(rows, None if valid.all() else valid, parts, shift, device)
 
 
 def apply_template(tmpl: ReadTemplate, experts, addrs, mode: str) -> np.ndarray:
     """Reads int64 [R, 7] for experts [K] into slot addresses addrs [K] (see plan_reads)."""
-    experts = np.asarray(experts, dtype=np.int64)  # [K]
-    K = len(experts)
     reads = tmpl.rows[experts]  # [K, M, 7] (a copy)
+    reads += tmpl.shift[: len(reads)]  # task k*M + m, group k
     reads[:, :, 4] += np.asarray(addrs, dtype=np.int64)[:, None]
-    reads[:, :, 6] = _ARANGE[:K, None] if K <= len(_ARANGE) else np.arange(K)[:, None]
-    reads = reads.reshape(-1, 7) if tmpl.valid is None else reads[tmpl.valid[experts]]  # [R, 7]
-    reads[:, 5] = reads[:, 6] if mode == "serial" else np.arange(len(reads))
+    if tmpl.valid is None:
+        reads = reads.reshape(-1, 7)  # [R, 7]; the task column is already 0..R-1
+    else:
+        reads = reads[tmpl.valid[experts]]  # [R, 7]
+        reads[:, 5] = np.arange(len(reads))
+    if mode == "serial":
+        reads[:, 5] = reads[:, 6]  # one task per expert
     return reads
 
 
