@@ -42,6 +42,8 @@ from sdq.errors import ReadError, SdqError, UnsupportedError
 from sdq.kernels import dequantize, ops
 from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
 from sdq.kernels.dot import matmul_q
+from sdq.kernels.expert import QBlocks, expert_ffn
+from sdq.kernels.expert import supported as expert_kernel_supported
 from sdq.workspace import Workspace
 
 SUPPORTED_ARCHS = ("qwen3moe",)
@@ -450,16 +452,25 @@ class Engine:
         experts go to n worker threads instead, each running single-threaded kernels on its
         own buffers, so one worker's Python between products overlaps another's kernels.
         This thread waits for each expert's bytes (in ready order) and hands it on; its wait
-        time, reported as io_wait, may then overlap the workers' compute."""
+        time, reported as io_wait, may then overlap the workers' compute.
+
+        Prefill with K-quant experts: the layer input is converted to Q8_K once here, and each
+        expert is one kernel call (sdq.kernels.expert) that gathers its tokens' Q8_K rows."""
         order = _ready_order(handle, len(chunk))
         workers = min(numba.get_num_threads(), self.ws.ffn_in.shape[0]) if T > 1 else 1
+        qtypes = self.expert_qtypes[self._layer]
+        qx = acts.of(qtypes[0]) if T > 1 and expert_kernel_supported(*qtypes) else None
         wait_s = 0.0
         if workers == 1:
             for i in order:
                 tw = time.perf_counter()
                 handle.wait(i)
                 wait_s += time.perf_counter() - tw
-                self._expert(int(chunk[i]), handle.views(i), ids, weights, T, acts)
+                e, views = int(chunk[i]), handle.views(i)
+                if qx is not None:
+                    self._expert_q8k(e, views, ids, weights, qx, self._fused_bufs(0))
+                else:
+                    self._expert(e, views, ids, weights, T, acts)
             return wait_s
         pool = self._expert_pool(workers)
         futures = []
@@ -469,7 +480,7 @@ class Engine:
                 handle.wait(i)
                 wait_s += time.perf_counter() - tw
                 e, views = int(chunk[i]), handle.views(i)
-                futures.append(pool.submit(self._expert_on_worker, e, views, ids, weights, T))
+                futures.append(pool.submit(self._expert_on_worker, e, views, ids, weights, T, qx))
         finally:
             wait_all(futures)  # no worker may still read a slot when the handle is released
         for f in futures:
@@ -493,16 +504,43 @@ class Engine:
             pool.shutdown()
             self._pool = None
 
-    def _expert_on_worker(self, e: int, views, ids, weights, T: int) -> None:
-        """_expert on a pool thread: single-threaded kernels, the thread's own expert buffers
-        (row i of the workspace's ffn_in, ffn_gate, ffn_up, ffn_down [W, T, .], which the
-        memory plan counts for W compute threads)."""
+    def _expert_on_worker(self, e: int, views, ids, weights, T: int, qx) -> None:
+        """_expert (or _expert_q8k when qx, the layer input as Q8_K, is given) on a pool
+        thread: single-threaded kernels, the thread's own expert buffers (row i of the
+        workspace's ffn_in, ffn_gate, ffn_up, ffn_down [W, T, .], which the memory plan
+        counts for W compute threads)."""
         numba.set_num_threads(1)  # this thread's kernels only
         local = self._worker_bufs
-        if not hasattr(local, "bufs"):
-            i, ws = next(self._worker_ids), self.ws
-            local.bufs = (ws.ffn_in[i], ws.ffn_gate[i], ws.ffn_up[i], ws.ffn_down[i])
-        self._expert(e, views, ids, weights, T, None, local.bufs)
+        if not hasattr(local, "i"):
+            local.i = next(self._worker_ids)
+        if qx is not None:
+            self._expert_q8k(e, views, ids, weights, qx, self._fused_bufs(local.i))
+            return
+        ws, i = self.ws, local.i
+        bufs = (ws.ffn_in[i], ws.ffn_gate[i], ws.ffn_up[i], ws.ffn_down[i])
+        self._expert(e, views, ids, weights, T, None, bufs)
+
+    def _fused_bufs(self, i: int):
+        """Worker i's buffers for _expert_q8k: ffn_in[i] holds the gathered Q8_K input rows
+        and ffn_up[i], once silu(gate) * up is in ffn_gate[i], the hidden rows' Q8_K (both
+        need about 2.2 bytes per value of the 4 they have)."""
+        cache = self.__dict__.setdefault("_fused", {})
+        bufs = cache.get(i)
+        if bufs is None:
+            ws = self.ws
+            (F, D), _, _ = self.expert_shapes
+            Tub = ws.ffn_in.shape[1]
+            in_q, hid_q = QBlocks(ws.ffn_in[i], Tub, D), QBlocks(ws.ffn_up[i], Tub, F)
+            bufs = cache[i] = (in_q, hid_q, ws.ffn_gate[i], ws.ffn_up[i], ws.ffn_down[i])
+        return bufs
+
+    def _expert_q8k(self, e: int, views, ids, weights, qx, bufs) -> None:
+        """_expert for a prefill ubatch with K-quant experts, in one kernel call: qx is the
+        layer input xn [T, D] as Q8_K; e's tokens' rows are gathered from it (Q8_K is
+        row-wise, so this equals converting the gathered floats)."""
+        (F, D), _, _ = self.expert_shapes
+        qtypes = self.expert_qtypes[self._layer]
+        expert_ffn(e, ids, weights, qtypes, views, F, D, qx, *bufs, self.ws.ffn_parts)
 
     def _expert(
         self, e: int, views, ids, weights, T: int, acts: Activations | None, bufs=None

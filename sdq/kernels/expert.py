@@ -1,0 +1,210 @@
+"""One routed expert over the tokens routed to it, in a single kernel call (prefill).
+
+Dimension key: T ubatch tokens, K experts used per token, D hidden, F expert FFN size,
+n tokens routed to this expert (n <= T).
+
+    parts[t, k] = w[t, k] * down(silu(gate x_t) * up x_t)     for every (t, k) with ids[t, k] == e
+
+The layer input x [T, D] is converted to Q8_K once per layer (quantize_activation); Q8_K is
+row-wise, so gathering a token's quantized row (quants, scale, block sums) gives exactly the
+bytes that converting the gathered float row would. The kernel then runs what the engine did
+with one Python call per step: gather -> gate and up products -> silu(gate) * up -> Q8_K of
+the hidden rows -> down product -> weighted scatter into parts. Each step is the same code as
+the separate kernels (simd_mm's row tiles, act_quant's Q8_K conversion, ops.silu_mul's
+formula), in the same order, so the results equal theirs bit for bit. Single-threaded: the
+engine runs whole experts on several threads at once.
+
+K-quant weights (Q4_K, Q5_K, Q6_K) on x86 AVX2 only (``supported``); other types go through
+``sdq.kernels.dot.matmul_q`` one product at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from sdq.errors import SdqError
+from sdq.kernels.act_quant import QActivation, _quantize_q8_k
+from sdq.kernels.jit import kernel
+from sdq.kernels.quant import QK_K, qtype_of
+from sdq.kernels.simd import HAVE_AVX2
+from sdq.kernels.simd_mm import TILE, q4_k_rows, q5_k_rows, q6_k_rows
+
+# weight type -> (kind passed to the kernel, bytes per 256-value block)
+_KIND = {QT.Q4_K: (4, 144), QT.Q5_K: (5, 176), QT.Q6_K: (6, 210)}
+
+
+def supported(*qtypes) -> bool:
+    """True when expert_ffn can run experts with these (gate, up, down) weight types."""
+    return HAVE_AVX2 and all(qtype_of(q) in _KIND for q in qtypes)
+
+
+def scratch_bytes(n_tokens: int, cols: int) -> int:
+    """Bytes of one QBlocks view of n_tokens x cols (see QBlocks.carve)."""
+    return n_tokens * cols * 2 + n_tokens * (cols // QK_K) * 4 + n_tokens * (cols // 16) * 2
+
+
+class QBlocks:
+    """Q8_K rows [T, cols] carved out of a caller's byte buffer: qs int8 [T, cols], d f32
+    [T, cols/256], bsums int16 [T, cols/16], pairs32 int16 [T, cols/2] (Q6_K's pair sums)."""
+
+    def __init__(self, buf: np.ndarray, T: int, cols: int):
+        raw = buf.reshape(-1).view(np.uint8)
+        need = scratch_bytes(T, cols)
+        if raw.nbytes < need:
+            raise ValueError(f"scratch of {raw.nbytes} bytes < {need} for Q8_K [{T}, {cols}]")
+        o = 0
+
+        def take(dtype, width):
+            nonlocal o
+            n = T * width * np.dtype(dtype).itemsize
+            a = raw[o : o + n].view(dtype).reshape(T, width)
+            o += n
+            return a
+
+        self.qs = take(np.int8, cols)  # offsets stay multiples of 4: cols % 256 == 0
+        self.d = take(np.float32, cols // QK_K)
+        self.bsums = take(np.int16, cols // 16)
+        self.pairs32 = take(np.int16, cols // 2)
+
+
+@kernel
+def _rows(kind, raw, ro, nb, qs, d, bs, px, t0, n, out, r):
+    if kind == 4:
+        q4_k_rows(raw, ro, nb, qs, d, bs, t0, n, out, r)
+    elif kind == 5:
+        q5_k_rows(raw, ro, nb, qs, d, bs, t0, n, out, r)
+    else:
+        q6_k_rows(raw, ro, nb, qs, d, px, t0, n, out, r)
+
+
+@kernel
+def _product(kind, bpb, raw, rows, cols, n, qs, d, bs, px, out):
+    """out[:n, r] for every row r: the engine's matmul_q on one thread."""
+    nb = cols // QK_K
+    for r in range(rows):
+        for t in range(0, n, TILE):
+            _rows(kind, raw, r * nb * bpb, nb, qs, d, bs, px, t, min(TILE, n - t), out, r)
+
+
+@kernel
+def _pairs(qs, px, n):
+    for t in range(n):
+        for i in range(px.shape[1]):
+            px[t, i] = np.int16(32) * (np.int16(qs[t, 2 * i]) + np.int16(qs[t, 2 * i + 1]))
+
+
+@kernel
+def _expert_ffn(
+    e, ids, weights, kinds, bpbs, gate, up, down, F, D,
+    xqs, xd, xbs, qs, qd, qbs, qpx, g, u, hqs, hd, hbs, hpx, dout, parts,
+):  # fmt: skip
+    T, K = ids.shape
+    # tokens routed to e, in token order, and e's place in each one's top-K
+    rows = np.empty(T, np.int64)
+    slots = np.empty(T, np.int64)
+    n = 0
+    for t in range(T):
+        for k in range(K):
+            if ids[t, k] == e:
+                rows[n] = t
+                slots[n] = k
+                n += 1
+                break  # a token picks an expert at most once
+    if n == 0:
+        return 0
+    for j in range(n):  # gather the tokens' Q8_K rows
+        t = rows[j]
+        qs[j, :] = xqs[t, :]
+        qd[j, :] = xd[t, :]
+        qbs[j, :] = xbs[t, :]
+    if kinds[0] == 6 or kinds[1] == 6:
+        _pairs(qs, qpx, n)
+    _product(kinds[0], bpbs[0], gate, F, D, n, qs, qd, qbs, qpx, g)
+    _product(kinds[1], bpbs[1], up, F, D, n, qs, qd, qbs, qpx, u)
+    for j in range(n):  # silu(gate) * up, as ops.silu_mul
+        for i in range(F):
+            v = g[j, i]
+            g[j, i] = v / (np.float32(1.0) + np.float32(math.exp(-v))) * u[j, i]
+    _quantize_q8_k(g[:n], hqs[:n], hd[:n], hbs[:n])
+    if kinds[2] == 6:
+        _pairs(hqs, hpx, n)
+    _product(kinds[2], bpbs[2], down, D, F, n, hqs, hd, hbs, hpx, dout)
+    for j in range(n):  # weighted, into e's place in each token's top-K
+        w = weights[rows[j], slots[j]]
+        for i in range(D):
+            parts[rows[j], slots[j], i] = dout[j, i] * w
+    return n
+
+
+def _kinds(qtypes: tuple, _memo: dict = {}):  # noqa: B006 (a cache)
+    got = _memo.get(qtypes)
+    if got is None:
+        kb = [_KIND[qtype_of(q)] for q in qtypes]
+        got = _memo[qtypes] = (tuple(k for k, _ in kb), tuple(b for _, b in kb))
+    return got
+
+
+def expert_ffn(
+    e: int,
+    ids: np.ndarray,
+    weights: np.ndarray,
+    qtypes,
+    views,
+    F: int,
+    D: int,
+    qx: QActivation,
+    in_q: QBlocks,
+    hid_q: QBlocks,
+    g: np.ndarray,
+    u: np.ndarray,
+    dout: np.ndarray,
+    parts: np.ndarray,
+) -> int:
+    """parts[t, k] = weights[t, k] * down(silu(gate x_t) * up x_t) for ids[t, k] == e;
+    returns the number of tokens routed to e.
+
+    ids int32 [T, K], weights f32 [T, K]; qtypes and views: (gate, up, down) weight types and
+    raw bytes (gate, up [F, D]; down [D, F]); qx: the layer input x [T, D] as Q8_K; in_q
+    [>=T, D] and hid_q [>=T, F]: scratch for the gathered input and the hidden rows; g, u
+    [>=T, F], dout [>=T, D]: f32 scratch; parts f32 [T, K, D]. hid_q may share memory with u
+    (u is dead once silu(gate) * up is in g)."""
+    kinds, bpbs = _kinds(tuple(qtypes))
+    gate, up, down = (np.ascontiguousarray(v).reshape(-1) for v in views)
+    try:
+        return int(
+            _expert_ffn(
+                e,
+                ids,
+                weights,
+                kinds,
+                bpbs,
+                gate,
+                up,
+                down,
+                F,
+                D,
+                qx.qs,
+                qx.d,
+                qx.bsums,
+                in_q.qs,
+                in_q.d,
+                in_q.bsums,
+                in_q.pairs32,
+                g,
+                u,
+                hid_q.qs,
+                hid_q.d,
+                hid_q.bsums,
+                hid_q.pairs32,
+                dout,
+                parts,
+            )  # fmt: skip
+        )
+    except ZeroDivisionError:  # Q8_K of a hidden row holding +-inf
+        raise SdqError(
+            f"expert {e}: hidden activations [{F}] hold an infinite value: the model's"
+            " weights overflow float32"
+        ) from None
