@@ -147,6 +147,14 @@ class ReadBatch:
         """int64 [R, 6]: submit_ns, start_ns, end_ns, done bytes, errno, kind (0 = ok)."""
         return np.frombuffer(self.batch.report(), dtype=np.int64).reshape(-1, 6)
 
+    def timing(self) -> tuple[int, int, int]:
+        """(reads, first submit to last end ns, sum of the reads' own ns) of a finished batch:
+        report()'s summary in plain Python (a batch has tens of reads; NumPy's per-call cost
+        would dominate)."""
+        rep = memoryview(self.batch.report()).cast("q")  # [R * 6]
+        start, end = rep[1::6], rep[2::6]
+        return len(end), max(end) - min(rep[0::6]), sum(end) - sum(start)
+
     def failed(self, group: int) -> bool:
         """Whether a read of a finished group failed (without raising)."""
         try:

@@ -384,24 +384,23 @@ class ExpertCache:
             entries: list[_Entry | None] = []
             hits: list[bool] = []
             load: list[int] = []  # indices into ids that need a read
+            seen_of, score_of, token, decay = self._seen, self._score, self._token, self._decay
+            lru, row_lru = self._lru[self._scope(row)], self._row_lru[row]
             try:
                 for i, e in enumerate(ids):
                     key = (row, e)
-                    seen = self._seen.get(key, 0) + 1
-                    self._seen[key] = seen
+                    seen = seen_of.get(key, 0) + 1
+                    seen_of[key] = seen
                     if scored:
-                        score, at = self._score.get(key, (0.0, self._token))
-                        self._score[key] = (
-                            score * self._decay ** (self._token - at) + 1.0,
-                            self._token,
-                        )
+                        score, at = score_of.get(key, (0.0, token))
+                        score_of[key] = (score * decay ** (token - at) + 1.0, token)
                     entry = self._lookup(key)
                     if entry is not None:
                         hits.append(True)
                         entry.pins += 1
                         if not entry.hot:
-                            self._lru[self._scope(row)].move_to_end(key)
-                            self._row_lru[row].move_to_end(key)
+                            lru.move_to_end(key)
+                            row_lru.move_to_end(key)
                         if entry.prefetched:
                             entry.prefetched = False
                             c["prefetch_hits"] += 1
@@ -849,10 +848,10 @@ class ExpertCache:
             if not batch.all_done():
                 keep.append(batch)
                 continue
-            rep = batch.report()  # [R, 6]
-            self._read_ns += int(rep[:, 2].max() - rep[:, 0].min())
-            self._busy_ns += int((rep[:, 2] - rep[:, 1]).sum())
-            self._counters["reads"] += len(rep)
+            reads, span_ns, busy_ns = batch.timing()
+            self._read_ns += span_ns
+            self._busy_ns += busy_ns
+            self._counters["reads"] += reads
         self._inflight = keep
 
     def _wait(self, handle: ExpertHandle, i: int, pending: tuple[ReadBatch, int]) -> None:

@@ -65,3 +65,21 @@ def test_template_requests_do_not_change_the_template(model):
     apply_template(tmpl, [0], [5 << 20], "serial")
     assert np.array_equal(tmpl.rows, before)
     assert (tmpl.rows[..., 4] < layout.slot_bytes).all()  # destinations relative to the slot
+
+
+def test_batch_timing_summarises_the_report(model):
+    t = model.experts
+    layout = SlotLayout.for_table(t, "pagecache")
+    reader = ExpertReader(model.path, t, layout, IOSettings(threads=2, mode="split", split=3))
+    arena = np.zeros(3 * layout.slot_bytes + 64, dtype=np.uint8)
+    base = arena.ctypes.data + (-arena.ctypes.data) % 64
+    try:
+        batch, _ = reader.submit(1, [4, 0, 6], [base + s * layout.slot_bytes for s in range(3)])
+        batch.wait_all()
+        rep = batch.report()  # [R, 6]
+        reads, span_ns, busy_ns = batch.timing()
+        assert reads == len(rep) > 3
+        assert span_ns == int(rep[:, 2].max() - rep[:, 0].min()) > 0
+        assert busy_ns == int((rep[:, 2] - rep[:, 1]).sum()) > 0
+    finally:
+        reader.close()
