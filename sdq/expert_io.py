@@ -24,6 +24,10 @@ Read layouts (seed 000 §2, §4.1; seed 003):
   split N    each segment cut at page-aligned file offsets into at most N chunks (N in 1..8),
              one task per chunk
 Each expert is one group, so a caller can wait for one expert while the others load.
+
+The reads of every expert of a layer are computed once per split (ReadTemplate, offsets
+relative to the slot); a request gathers its experts' rows and adds their slot addresses, so
+the time between routing and the reads starting is a few NumPy calls whatever the mode.
 """
 
 from __future__ import annotations
