@@ -27,13 +27,12 @@ from gguf import GGMLQuantizationType as QT
 
 from sdq.errors import SdqError
 from sdq.kernels.act_quant import QActivation, _quantize_q8_k
-from sdq.kernels.jit import kernel
+from sdq.kernels.jit import inline, kernel
 from sdq.kernels.quant import QK_K, qtype_of
 from sdq.kernels.simd import HAVE_AVX2
 from sdq.kernels.simd_mm import TILE, q4_k_rows, q5_k_rows, q6_k_rows
 
-# weight type -> (kind passed to the kernel, bytes per 256-value block)
-_KIND = {QT.Q4_K: (4, 144), QT.Q5_K: (5, 176), QT.Q6_K: (6, 210)}
+_KIND = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}  # weight type -> kind passed to the kernel
 
 
 def supported(*qtypes) -> bool:
@@ -41,9 +40,29 @@ def supported(*qtypes) -> bool:
     return HAVE_AVX2 and all(qtype_of(q) in _KIND for q in qtypes)
 
 
+ALIGN = 64  # bytes: each QBlocks array starts on a cache line (the tiles' 32-byte loads from
+# an array at 16 mod 32 would straddle two lines every other time)
+
+
+def _sizes(n_tokens: int, cols: int) -> list[tuple[type, int]]:
+    """(dtype, row length) of the QBlocks arrays, in buffer order."""
+    return [
+        (np.int8, cols),
+        (np.float32, cols // QK_K),
+        (np.int16, cols // 16),
+        (np.int16, cols // 2),
+    ]
+
+
 def scratch_bytes(n_tokens: int, cols: int) -> int:
-    """Bytes of one QBlocks view of n_tokens x cols (see QBlocks.carve)."""
-    return n_tokens * cols * 2 + n_tokens * (cols // QK_K) * 4 + n_tokens * (cols // 16) * 2
+    """Bytes of one QBlocks view of n_tokens x cols, with room to align each array."""
+    return (
+        sum(
+            -(-n_tokens * w * np.dtype(t).itemsize // ALIGN) * ALIGN
+            for t, w in _sizes(n_tokens, cols)
+        )
+        + ALIGN
+    )
 
 
 class QBlocks:
@@ -55,41 +74,57 @@ class QBlocks:
         need = scratch_bytes(T, cols)
         if raw.nbytes < need:
             raise ValueError(f"scratch of {raw.nbytes} bytes < {need} for Q8_K [{T}, {cols}]")
-        o = 0
-
-        def take(dtype, width):
-            nonlocal o
+        o = -raw.ctypes.data % ALIGN
+        arrays = []
+        for dtype, width in _sizes(T, cols):
             n = T * width * np.dtype(dtype).itemsize
-            a = raw[o : o + n].view(dtype).reshape(T, width)
-            o += n
-            return a
-
-        self.qs = take(np.int8, cols)  # offsets stay multiples of 4: cols % 256 == 0
-        self.d = take(np.float32, cols // QK_K)
-        self.bsums = take(np.int16, cols // 16)
-        self.pairs32 = take(np.int16, cols // 2)
+            arrays.append(raw[o : o + n].view(dtype).reshape(T, width))
+            o += -(-n // ALIGN) * ALIGN
+        self.qs, self.d, self.bsums, self.pairs32 = arrays
 
 
-@kernel
-def _rows(kind, raw, ro, nb, qs, d, bs, px, t0, n, out, r):
-    if kind == 4:
-        q4_k_rows(raw, ro, nb, qs, d, bs, t0, n, out, r)
-    elif kind == 5:
-        q5_k_rows(raw, ro, nb, qs, d, bs, t0, n, out, r)
-    else:
-        q6_k_rows(raw, ro, nb, qs, d, px, t0, n, out, r)
+# One row loop per weight type, each its own compiled function (as dot.py's kernels), so
+# LLVM sees a single tile type per loop. With all three tile types inlined into one loop the
+# products ran ~1.8x (gate, up) and ~2.5x (down: D rows of only F/256 blocks) slower than
+# dot.py's (mini-model shapes, 6 tokens, one thread).
 
 
 @kernel
-def _product(kind, bpb, raw, rows, cols, n, qs, d, bs, px, out):
-    """out[:n, r] for every row r: the engine's matmul_q on one thread."""
+def _product_q4_k(raw, rows, cols, n, qs, d, bs, out):
+    """out[:n, r] = the tokens' products with every row r of Q4_K weights (one thread)."""
     nb = cols // QK_K
     for r in range(rows):
         for t in range(0, n, TILE):
-            _rows(kind, raw, r * nb * bpb, nb, qs, d, bs, px, t, min(TILE, n - t), out, r)
+            q4_k_rows(raw, r * nb * 144, nb, qs, d, bs, t, min(TILE, n - t), out, r)
 
 
 @kernel
+def _product_q5_k(raw, rows, cols, n, qs, d, bs, out):
+    nb = cols // QK_K
+    for r in range(rows):
+        for t in range(0, n, TILE):
+            q5_k_rows(raw, r * nb * 176, nb, qs, d, bs, t, min(TILE, n - t), out, r)
+
+
+@kernel
+def _product_q6_k(raw, rows, cols, n, qs, d, px, out):
+    nb = cols // QK_K
+    for r in range(rows):
+        for t in range(0, n, TILE):
+            q6_k_rows(raw, r * nb * 210, nb, qs, d, px, t, min(TILE, n - t), out, r)
+
+
+@inline
+def _product(kind, raw, rows, cols, n, qs, d, bs, px, out):
+    if kind == 4:
+        _product_q4_k(raw, rows, cols, n, qs, d, bs, out)
+    elif kind == 5:
+        _product_q5_k(raw, rows, cols, n, qs, d, bs, out)
+    else:
+        _product_q6_k(raw, rows, cols, n, qs, d, px, out)
+
+
+@inline
 def _pairs(qs, px, n):
     for t in range(n):
         for i in range(px.shape[1]):
@@ -98,7 +133,7 @@ def _pairs(qs, px, n):
 
 @kernel
 def _expert_ffn(
-    e, ids, weights, kinds, bpbs, gate, up, down, F, D,
+    e, ids, weights, kinds, gate, up, down, F, D,
     xqs, xd, xbs, qs, qd, qbs, qpx, g, u, hqs, hd, hbs, hpx, dout, parts,
 ):  # fmt: skip
     T, K = ids.shape
@@ -122,8 +157,8 @@ def _expert_ffn(
         qbs[j, :] = xbs[t, :]
     if kinds[0] == 6 or kinds[1] == 6:
         _pairs(qs, qpx, n)
-    _product(kinds[0], bpbs[0], gate, F, D, n, qs, qd, qbs, qpx, g)
-    _product(kinds[1], bpbs[1], up, F, D, n, qs, qd, qbs, qpx, u)
+    _product(kinds[0], gate, F, D, n, qs, qd, qbs, qpx, g)
+    _product(kinds[1], up, F, D, n, qs, qd, qbs, qpx, u)
     for j in range(n):  # silu(gate) * up, as ops.silu_mul
         for i in range(F):
             v = g[j, i]
@@ -131,7 +166,7 @@ def _expert_ffn(
     _quantize_q8_k(g[:n], hqs[:n], hd[:n], hbs[:n])
     if kinds[2] == 6:
         _pairs(hqs, hpx, n)
-    _product(kinds[2], bpbs[2], down, D, F, n, hqs, hd, hbs, hpx, dout)
+    _product(kinds[2], down, D, F, n, hqs, hd, hbs, hpx, dout)
     for j in range(n):  # weighted, into e's place in each token's top-K
         w = weights[rows[j], slots[j]]
         for i in range(D):
@@ -142,8 +177,7 @@ def _expert_ffn(
 def _kinds(qtypes: tuple, _memo: dict = {}):  # noqa: B006 (a cache)
     got = _memo.get(qtypes)
     if got is None:
-        kb = [_KIND[qtype_of(q)] for q in qtypes]
-        got = _memo[qtypes] = (tuple(k for k, _ in kb), tuple(b for _, b in kb))
+        got = _memo[qtypes] = tuple(_KIND[qtype_of(q)] for q in qtypes)
     return got
 
 
@@ -171,7 +205,7 @@ def expert_ffn(
     [>=T, D] and hid_q [>=T, F]: scratch for the gathered input and the hidden rows; g, u
     [>=T, F], dout [>=T, D]: f32 scratch; parts f32 [T, K, D]. hid_q may share memory with u
     (u is dead once silu(gate) * up is in g)."""
-    kinds, bpbs = _kinds(tuple(qtypes))
+    kinds = _kinds(tuple(qtypes))
     gate, up, down = (np.ascontiguousarray(v).reshape(-1) for v in views)
     try:
         return int(
@@ -180,7 +214,6 @@ def expert_ffn(
                 ids,
                 weights,
                 kinds,
-                bpbs,
                 gate,
                 up,
                 down,
