@@ -2,9 +2,17 @@
 
 
 class SdqError(Exception):
-    """A user-facing error: bad input, impossible setting, resource limit. Never a bug."""
+    """A user-facing error: bad input, impossible setting, resource limit. Never a bug.
+
+    The message is kept to one printable line: names read from a file (a tensor name in a
+    damaged GGUF, say) may hold newlines or control characters, shown escaped instead."""
 
     exit_code = 2
+
+    def __init__(self, *args):
+        if len(args) == 1 and isinstance(args[0], str) and not args[0].isprintable():
+            args = ("".join(c if c.isprintable() else repr(c)[1:-1] for c in args[0]),)
+        super().__init__(*args)
 
 
 class GGUFError(SdqError):

@@ -15,3 +15,10 @@ def test_python_dash_m_matches_console_script():
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0
     assert proc.stdout.startswith("sdq ")
+
+
+def test_error_messages_are_one_printable_line():
+    from sdq.errors import GGUFError
+
+    msg = str(GGUFError("f.gguf: tensor blk.0\nattn\x00 has 9 dimensions (1..4)"))
+    assert msg == "f.gguf: tensor blk.0\\nattn\\x00 has 9 dimensions (1..4)"
