@@ -694,8 +694,14 @@ class ExpertCache:
     def _candidates(self, row: int, keep) -> list:
         """layer_lrfu: row's unpinned, loaded entries outside `keep`, the victim last:
         [(-score, -recency position, key)]."""
-        out = []
-        for i, key in enumerate(self._row_lru[row]):
+        out = [(-self._score_now(k), -i, k) for i, k in self._evictable(self._row_lru[row], keep)]
+        out.sort()
+        return out
+
+    def _evictable(self, keys, keep):
+        """(position, key) for each key of a recency order whose entry may be evicted now:
+        unpinned, outside `keep`, not dropped, its read finished."""
+        for i, key in enumerate(keys):
             entry = self._entries[key]
             if entry.pins or key in keep or entry.dropped:
                 continue
@@ -703,9 +709,7 @@ class ExpertCache:
                 if not entry.pending[0].done(entry.pending[1]):
                     continue
                 entry.pending = None
-            out.append((-self._score_now(key), -i, key))
-        out.sort()
-        return out
+            yield i, key
 
     def _register(self, scope: int, key: tuple[int, int], slot: int) -> _Entry:
         entry = _Entry(key, slot)
@@ -726,16 +730,10 @@ class ExpertCache:
     def _weakest(self, row: int, keep) -> list:
         """lrfu_bypass eviction candidates of row's scope, the weakest last: [(score, age,
         key)] over unpinned, loaded entries outside `keep` (age: LRU position, oldest 0)."""
-        out = []
-        for i, key in enumerate(self._lru[self._scope(row)]):
-            entry = self._entries[key]
-            if entry.pins or key in keep or entry.dropped:
-                continue
-            if entry.pending is not None:
-                if not entry.pending[0].done(entry.pending[1]):
-                    continue
-                entry.pending = None
-            out.append((self._score_now(key), i, key))
+        out = [
+            (self._score_now(k), i, k)
+            for i, k in self._evictable(self._lru[self._scope(row)], keep)
+        ]
         out.sort(reverse=True)
         return out
 
@@ -757,16 +755,9 @@ class ExpertCache:
 
     def _evict(self, scope: int, keep=frozenset()) -> int:
         lru = self._lru[scope]
-        for key in lru:
-            entry = self._entries[key]
-            if entry.pins or key in keep:
-                continue
-            if entry.pending is not None:
-                if not entry.pending[0].done(entry.pending[1]):
-                    continue
-                entry.pending = None
+        for _, key in self._evictable(lru, keep):  # stops at the first: lru changes below
+            entry = self._entries.pop(key)
             self._forget(scope, key)
-            del self._entries[key]
             self._counters["evictions"] += 1
             return entry.slot
         where = (
