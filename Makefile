@@ -26,7 +26,7 @@ GGML_ARGS  := -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_A
 	$(if $(call cpu_has,avx512_bf16),-DGGML_AVX512_BF16=ON)
 WHEELS     := $(HOME)/.cache/sdq/wheels/$(shell echo '$(LLAMA_CPP) $(GGML_ARGS)' | md5sum | cut -c1-12)
 
-.PHONY: setup test reproduce docs lab lint format clean
+.PHONY: setup kernel-cache test reproduce docs lab lint format clean
 
 setup: $(STAMP)
 
@@ -41,12 +41,17 @@ $(STAMP): pyproject.toml $(wildcard kernels_c/*.c kernels_c/*.h)
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-test: setup
+# Numba caches compiled kernels per source file; drop them when the LLVM intrinsics they
+# inline changed (sdq/kernels/jit.py).
+kernel-cache: setup
+	@$(PY) -m sdq.kernels.jit
+
+test: kernel-cache
 	$(PY) -m pytest -q
 
 # Run every notebook with params/$(PARAMS).yaml into outputs/<notebook>/$(PARAMS)/, then docs/.
 # ONLY=00_model_anatomy runs just that notebook.
-reproduce: setup
+reproduce: kernel-cache
 	$(PY) -m sdq.lab.reproduce --params $(PARAMS) $(if $(ONLY),--only $(ONLY))
 	$(MAKE) --no-print-directory docs PARAMS=$(PARAMS)
 

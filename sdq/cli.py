@@ -8,10 +8,10 @@ top-level imports light (numba, pandas and friends are imported inside `run`), s
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from sdq import __version__
+from sdq.commands import add_module_subcommands
 from sdq.errors import SdqError
 
 # name -> one-line help. The module is sdq.commands.<name with - replaced by _>.
@@ -37,23 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_module_subcommands(sub, "sdq.commands", COMMANDS, "_run")
     return parser
-
-
-def add_module_subcommands(sub, package: str, table: dict[str, str], run_key: str) -> None:
-    """One subparser per entry of `table` (name -> help), from the module `package`.<name with
-    - replaced by _>: its `add_arguments` fills the parser, its `run` is stored as `run_key`.
-    A module not built into this version is left out."""
-    for name, help_text in table.items():
-        module_name = f"{package}.{name.replace('-', '_')}"
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(parser)
-        parser.set_defaults(**{run_key: module.run})
 
 
 def main(argv: list[str] | None = None) -> int:

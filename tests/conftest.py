@@ -1,6 +1,6 @@
 """Shared fixtures: synthetic models and the Qwen2 vocabulary, built once and cached.
 
-Models come from `sdq.synth.build_model` and live in the sdq cache ($SDQ_CACHE_DIR or
+Models come from `sdq.synth.build.build_model` and live in the sdq cache ($SDQ_CACHE_DIR or
 ~/.cache/sdq), named by a content hash, so later sessions reuse them. Nothing here skips: if
 llama-cpp-python (needed to quantize and as the reference) is missing, the fixtures fail with
 a message saying so.
@@ -24,7 +24,7 @@ def llama_cpp():
 
 
 def _build(preset: str, qtype: str, seed: int = 0) -> Path:
-    from sdq.synth import build_model
+    from sdq.synth.build import build_model
 
     return build_model(preset, qtype=qtype, seed=seed)
 
@@ -56,7 +56,7 @@ def tiny_model_f32(llama_cpp) -> Path:
 @pytest.fixture(scope="session")
 def qwen2_vocab() -> Path:
     """llama.cpp's ggml-vocab-qwen2.gguf (tokenizer only, no tensors)."""
-    from sdq.vocab import qwen2_vocab_path
+    from sdq.synth.vocab import qwen2_vocab_path
 
     return qwen2_vocab_path()
 
@@ -64,6 +64,6 @@ def qwen2_vocab() -> Path:
 @pytest.fixture(scope="session")
 def qwen2_test_vectors() -> list[tuple[str, list[int]]]:
     """llama.cpp's Qwen2 tokenizer test cases: (text, expected token ids)."""
-    from sdq.vocab import qwen2_vocab_test_vectors, read_test_vectors
+    from sdq.synth.vocab import qwen2_vocab_test_vectors, read_test_vectors
 
     return read_test_vectors(*qwen2_vocab_test_vectors())

@@ -1,7 +1,7 @@
 """Small GGUF files for the anatomy tests, written with gguf.GGUFWriter.
 
 `write_model` returns the path plus the exact bytes written for every routed-expert tensor, so
-tests can check the ExpertTable's offsets against the file independently of sdq.gguf.
+tests can check the ExpertTable's offsets against the file independently of sdq.format.model.
 F32/F16/Q8_0 tensors hold real quantized values (gguf.quants.quantize); K-quant tensors hold
 random bytes of the right size (the anatomy never decodes them).
 """

@@ -8,12 +8,12 @@ import pytest
 from engine_support import Dims, reference_logits, write_model
 from gguf.constants import GGMLQuantizationType as Q
 
-from sdq.engine import DenseWeights, Engine, ResidentExperts
+from sdq.run.engine import DenseWeights, Engine, ResidentExperts
 from sdq.errors import SdqError
-from sdq.gguf import open_model
-from sdq.memory import plan_for_slots
-from sdq.pager import ExpertCache, RouteLog
-from sdq.workspace import Workspace, workspace_bytes
+from sdq.format.model import open_model
+from sdq.run.plan import plan_for_slots
+from sdq.paging.cache import ExpertCache, RouteLog
+from sdq.run.workspace import Workspace, workspace_bytes
 
 TOKENS = np.random.default_rng(5).integers(0, 300, 45)
 
@@ -124,7 +124,7 @@ def test_workspace_is_what_the_plan_counts(f32_model):
 def test_expert_sum_does_not_depend_on_compute_order(f32_model, monkeypatch, n_ubatch):
     """Hits are computed first and misses as their reads land, so the order varies with the
     cache; each token's experts are still summed in top-K order, giving the same bits."""
-    import sdq.engine as engine_module
+    import sdq.run.engine as engine_module
 
     base, _ = run(f32_model, TOKENS[:16], n_ubatch)
     monkeypatch.setattr(engine_module, "_ready_order", lambda handle, n: list(range(n))[::-1])

@@ -9,11 +9,11 @@ import pytest
 from engine_support import Dims, write_model
 from gguf.constants import GGMLQuantizationType as Q
 
-from sdq.engine import Engine, ResidentExperts
-from sdq.gguf import open_model
-from sdq.memory import plan_for_slots
-from sdq.pager import CacheSettings, ExpertCache
-from sdq.workspace import Workspace
+from sdq.run.engine import Engine, ResidentExperts
+from sdq.format.model import open_model
+from sdq.run.plan import plan_for_slots
+from sdq.paging.cache import CacheSettings, ExpertCache
+from sdq.run.workspace import Workspace
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_next_layer_prefetch_keeps_the_logits(q8_model, policy, extra):
 
 def test_session_prefetches_three_quarters_of_k_by_default(tiny_model):
     from sdq.errors import ParamsError
-    from sdq.session import RunSettings, Session
+    from sdq.run.session import RunSettings, Session
 
     K = open_model(tiny_model).spec.n_expert_used
     base = dict(model=str(tiny_model), n_ctx=64, n_ubatch=8, ram_budget_mb=4000, reserve_mb=32)

@@ -1,4 +1,4 @@
-"""sdq.experiments: alternating schedule, resumable journal (kill -9 included), medians and
+"""sdq.measure.experiments: alternating schedule, resumable journal (kill -9 included), medians and
 spread, crash rows, settings and configuration keys."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import time
 import pytest
 
 from sdq.errors import ParamsError
-from sdq.experiments import execute
-from sdq.experiments.config import RunConfig
-from sdq.experiments.journal import Journal
-from sdq.experiments.runner import run_sweep, schedule
-from sdq.experiments.suites import Settings
-from sdq.experiments.summary import spread, summarize
-from sdq.limits import MemoryLimit
+from sdq.measure.experiments import execute
+from sdq.measure.experiments.config import RunConfig
+from sdq.measure.experiments.journal import Journal
+from sdq.measure.experiments.runner import run_sweep, schedule
+from sdq.measure.experiments.suites import Settings
+from sdq.measure.experiments.summary import spread, summarize
+from sdq.measure.limits import MemoryLimit
 
 MB = 1 << 20
 
@@ -105,9 +105,9 @@ def test_a_line_cut_by_a_kill_is_ignored_and_the_next_row_starts_a_new_line(tmp_
 SWEEP_CHILD = textwrap.dedent(
     """
     import sys, time
-    from sdq.experiments.config import RunConfig
-    from sdq.experiments.journal import Journal
-    from sdq.experiments.runner import run_sweep
+    from sdq.measure.experiments.config import RunConfig
+    from sdq.measure.experiments.journal import Journal
+    from sdq.measure.experiments.runner import run_sweep
 
     model, journal = sys.argv[1], sys.argv[2]
     configs = [RunConfig("t", lab, ("chat", "-m", model, "--x", lab), model) for lab in "AB"]
@@ -279,7 +279,7 @@ def test_cli_takes_suite_settings_from_the_notebook_sections(tmp_path):
 
 
 def test_a_run_that_found_the_file_cached_is_not_cold_and_left_out_of_medians():
-    from sdq.experiments.summary import is_cold, runs_frame
+    from sdq.measure.experiments.summary import is_cold, runs_frame
 
     def row(before, after, mode="dontneed", file_cache="dropped", v=1.0):
         return {

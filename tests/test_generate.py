@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from engine_support import Dims, write_model
 
-from sdq.engine import Engine, ResidentExperts
+from sdq.run.engine import Engine, ResidentExperts
 from sdq.errors import SdqError
-from sdq.generate import GenerateSettings, generate
-from sdq.gguf import open_model
-from sdq.sampler import SamplerSettings
-from sdq.tokenizer import Tokenizer
-from sdq.workspace import Workspace
+from sdq.run.generate import GenerateSettings, generate
+from sdq.format.model import open_model
+from sdq.run.sampler import SamplerSettings
+from sdq.format.tokenizer import Tokenizer
+from sdq.run.workspace import Workspace
 
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(0, 290, 11)]
 FIGURES = (
@@ -89,10 +89,10 @@ def test_peak_rss_is_the_process_own_not_its_launchers():
     import subprocess
     import sys
 
-    from sdq.generate import memory_figures
+    from sdq.proc import memory_figures
 
     ballast = np.ones(400 * 2**20, np.uint8)  # this process's RSS peak grows by 400 MiB
-    code = "from sdq.generate import memory_figures; print(memory_figures()['peak_rss_mb'])"
+    code = "from sdq.proc import memory_figures; print(memory_figures()['peak_rss_mb'])"
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert float(child.stdout) < 300 < memory_figures()["peak_rss_mb"]
     del ballast

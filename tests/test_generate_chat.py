@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from sdq.cli import main
-from sdq.gguf import open_model
+from sdq.format.model import open_model
 
 PROMPT = "Explain in two sentences why a disk is slower than memory, and what a cache does."
 FIGURES = (

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sdq.errors import ParamsError
-from sdq.sampler import Sampler, SamplerSettings, _top_k_ids
+from sdq.run.sampler import Sampler, SamplerSettings, _top_k_ids
 
 
 def _logits(seed=0, n=1000):

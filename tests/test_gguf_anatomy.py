@@ -10,7 +10,7 @@ from gguf_builders import Layout, Q, write_model
 
 from sdq.commands.info import render
 from sdq.errors import GGUFError
-from sdq.gguf import PARTS, anatomy, open_model, tensor_class
+from sdq.format.model import PARTS, anatomy, open_model, tensor_class
 
 
 def build(tmp_path, name="m.gguf", **kw):

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 from gguf_builders import Layout, Q, write_model
 
-from sdq.gguf import PARTS, anatomy, open_model
+from sdq.format.model import PARTS, anatomy, open_model
 
 
 def test_llama_cpp_q4_k_m_layout(tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 
 from sdq.cli import main
-from sdq.gguf import PARTS, anatomy, open_model
+from sdq.format.model import PARTS, anatomy, open_model
 
 
 @pytest.fixture
@@ -11,7 +11,7 @@ def tiny(request):
     try:
         return request.getfixturevalue("tiny_model")
     except pytest.FixtureLookupError:
-        pytest.skip("the tiny_model fixture (sdq.synth) is not in this tree")
+        pytest.skip("the tiny_model fixture (sdq.synth.build) is not in this tree")
 
 
 def test_tiny_model_anatomy(tiny):

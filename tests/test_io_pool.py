@@ -1,4 +1,4 @@
-"""sdq._io (the C pread pool) and sdq.expert_io (expert reads into slots)."""
+"""sdq._io (the C pread pool) and sdq.paging.reads (expert reads into slots)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pager_support import last_expert, make_model
 
 from sdq import _io
 from sdq.errors import ParamsError, ReadError
-from sdq.expert_io import ExpertReader, IOSettings, SlotLayout, _chunks
-from sdq.pager import Arena
+from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout, _chunks
+from sdq.paging.cache import Arena
 
 MODES = [("serial", 1), ("parallel", 1), ("split", 2), ("split", 3), ("split", 8)]
 CACHE_MODES = ["pagecache", "dontneed", "direct"]
@@ -339,7 +339,7 @@ def test_binding_does_not_leak(tmp_path):
 
 @pytest.mark.parametrize("cache_mode", ["pagecache", "direct"])
 def test_vectorized_plan_matches_the_loop(model, cache_mode):
-    from sdq.expert_io import plan_reads, plan_reads_ref
+    from sdq.paging.reads import plan_reads, plan_reads_ref
 
     t = model.experts
     layout = SlotLayout.for_table(t, cache_mode)

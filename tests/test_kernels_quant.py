@@ -10,7 +10,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from kernels_support import FLOATS, QUANTIZED, random_matrix
 
 from sdq.errors import UnsupportedError
-from sdq.gguf import open_model
+from sdq.format.model import open_model
 from sdq.kernels import dequantize
 from sdq.kernels.quant import dequantize_ref
 

@@ -1,4 +1,4 @@
-"""sdq.limits: RLIMIT_DATA and cgroup v1 memory limits on a child, page-cache dropping."""
+"""sdq.measure.limits: RLIMIT_DATA and cgroup v1 memory limits on a child, page-cache dropping."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sdq import limits
+from sdq.measure import limits
 from sdq.errors import ParamsError
 
 MB = 1 << 20

@@ -1,11 +1,11 @@
 """sdq against llama.cpp (llama-cpp-python) on the same synthetic GGUF files and token ids.
 
 Both engines evaluate the same tokens in ubatches; llama.cpp returns the logits of every
-position (logits_all). It is opened through sdq.bench.llama_ref (no AMX, see there), with its
+position (logits_all). It is opened through sdq.measure.llama_ref (no AMX, see there), with its
 KV cache in F32 (type_k = type_v = F32) as sdq's is, so that the comparison measures the
 weights and activation paths, not an F16 cache.
 
-Models (sdq.synth; real Qwen2 vocabulary): several layers, GQA (6 query heads on 2 KV heads),
+Models (sdq.synth.build; real Qwen2 vocabulary): several layers, GQA (6 query heads on 2 KV heads),
 more experts than are used (12, top-3), and sizes that are not powers of two where the
 quantization allows (n_embd 192, expert FFN 160: multiples of the Q8_0 block of 32); Q4_K_M
 needs multiples of 256, so it uses the `tiny` preset. Prompts are longer than one ubatch.
@@ -14,14 +14,14 @@ needs multiples of 256, so it uses the `tiny` preset. Prompts are longer than on
 import numpy as np
 import pytest
 
-from sdq.bench.llama_ref import open_llama
-from sdq.engine import Engine, ResidentExperts
-from sdq.generate import GenerateSettings, generate
-from sdq.gguf import open_model
-from sdq.sampler import SamplerSettings
-from sdq.synth import SynthConfig, build_model
-from sdq.tokenizer import Tokenizer
-from sdq.workspace import Workspace
+from sdq.measure.llama_ref import open_llama
+from sdq.run.engine import Engine, ResidentExperts
+from sdq.run.generate import GenerateSettings, generate
+from sdq.format.model import open_model
+from sdq.run.sampler import SamplerSettings
+from sdq.synth.build import SynthConfig, build_model
+from sdq.format.tokenizer import Tokenizer
+from sdq.run.workspace import Workspace
 
 GGML_TYPE_F32 = 0
 N_UBATCH = 64

@@ -1,4 +1,4 @@
-"""sdq.memory: every buffer counted before allocating; a budget too small states the minimum."""
+"""sdq.run.plan: every buffer counted before allocating; a budget too small states the minimum."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pager_support import make_model
 
 from sdq.cli import main
 from sdq.errors import PlanError
-from sdq.expert_io import SlotLayout
-from sdq.memory import IO_THREAD_STACK_BYTES, MB, SLOT_META_BYTES, plan_memory
-from sdq.workspace import workspace_bytes
+from sdq.paging.reads import SlotLayout
+from sdq.run.plan import IO_THREAD_STACK_BYTES, MB, SLOT_META_BYTES, plan_memory
+from sdq.run.workspace import workspace_bytes
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""sdq.pager: the expert cache against a pure-Python model of its policy, threads, faults."""
+"""sdq.paging.cache: the expert cache against a pure-Python model of its policy, threads, faults."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from pager_support import make_model
 
 from sdq.errors import PlanError, ReadError
-from sdq.memory import plan_for_slots
-from sdq.pager import CacheSettings, ExpertCache, IOSettings, RouteLog
+from sdq.run.plan import plan_for_slots
+from sdq.paging.cache import CacheSettings, ExpertCache, IOSettings, RouteLog
 
 
 @pytest.fixture(scope="module")

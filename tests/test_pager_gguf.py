@@ -1,4 +1,4 @@
-"""The pager on real GGUF files (sdq.gguf.open_model) and `sdq bench layer-miss`."""
+"""The pager on real GGUF files (sdq.format.model.open_model) and `sdq bench layer-miss`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from gguf_builders import Layout, Q, write_model
 
 from sdq.cli import main
-from sdq.gguf import open_model
-from sdq.memory import plan_for_slots
-from sdq.pager import CacheSettings, ExpertCache, IOSettings
+from sdq.format.model import open_model
+from sdq.run.plan import plan_for_slots
+from sdq.paging.cache import CacheSettings, ExpertCache, IOSettings
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pager_support import make_model
 
-from sdq.expert_io import (
+from sdq.paging.reads import (
     ExpertReader,
     IOSettings,
     SlotLayout,

@@ -15,8 +15,8 @@ from pager_support import make_model
 from sdq.analysis.replay import global_stream
 from sdq.analysis.simulate import PolicyParams, simulate_groups
 from sdq.errors import ParamsError, PlanError
-from sdq.memory import plan_for_slots
-from sdq.pager import CacheSettings, ExpertCache
+from sdq.run.plan import plan_for_slots
+from sdq.paging.cache import CacheSettings, ExpertCache
 
 L, E, K = 3, 8, 2
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from sdq import limits
-from sdq.peers import (
+from sdq.measure import limits
+from sdq.measure.peers import (
     PeersResult,
     decode_bound_tok_s,
     io_ceiling_tok_s,
@@ -205,7 +205,7 @@ def test_cli_tiny_model_resident_and_capped(tiny_model):
 
 
 def test_rlimit_data_fallback_runs_and_says_so(tiny_model):
-    from sdq.peers import Condition, PeerSettings, run_one
+    from sdq.measure.peers import Condition, PeerSettings, run_one
 
     s = PeerSettings(model=str(tiny_model), prompt_ids=(14990, 1052, 11, 1246), tokens=2)
     row = run_one("llama-mmap", s, Condition(700, "rlimit_data"))

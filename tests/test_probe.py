@@ -1,4 +1,4 @@
-"""sdq.probe: statistics against NumPy, scratch-file hygiene, a smoke-size probe, profiles."""
+"""sdq.measure.probe: statistics against NumPy, scratch-file hygiene, a smoke-size probe, profiles."""
 
 from __future__ import annotations
 
@@ -13,25 +13,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdq import probe
+from sdq.measure import probe
 from sdq.errors import ParamsError, ReadError
-from sdq.probe import (
+from sdq.measure.probe import (
     PAGE,
     ProbeResult,
     ProbeSettings,
     ReadStats,
     Timing,
     chunk_bounds,
-    load_io_profile,
     percentile,
     profile_from,
     recommend,
     run_probe,
     scratch_file,
     summarize,
-    write_io_profile,
 )
-from sdq.probe_device import describe_storage
+from sdq.measure.device import describe_storage
+from sdq.paging.io_profile import load_io_profile, write_io_profile
 
 SMOKE = dict(
     size=256 * 1024,
@@ -289,7 +288,7 @@ def test_storage_labels_name_the_device_of_the_file(tmp_path):
 
 
 def test_parse_fio_json():
-    from sdq.probe_fio import parse_fio_json
+    from sdq.measure.fio import parse_fio_json
 
     # the shape of `fio --output-format=json --lat_percentiles=1 --percentile_list=50:90`
     doc = {

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from sdq.cli import main
-from sdq.probe import MEMORY_FILESYSTEMS, load_io_profile
-from sdq.probe_device import describe_storage
+from sdq.measure.probe import MEMORY_FILESYSTEMS
+from sdq.paging.io_profile import load_io_profile
+from sdq.measure.device import describe_storage
 
 SMOKE_ARGS = [
     "--size", "256k", "--threads", "1,2", "--reads", "8", "--split", "1,2",
@@ -124,7 +125,7 @@ def test_memory_filesystem_is_refused(capsys):
 def test_model_sets_read_size_and_batch_from_its_experts(disk_dir, capsys):
     from gguf_builders import Layout, write_model
 
-    from sdq.gguf import open_model
+    from sdq.format.model import open_model
 
     path, _ = write_model(disk_dir / "m.gguf", Layout(n_embd=256, expert_ffn=256, n_expert=8))
     model = open_model(path)
@@ -162,9 +163,9 @@ def test_fio_side_by_side(disk_dir, capsys):
 
 
 def test_fio_missing_is_said_not_fatal(disk_dir, capsys, monkeypatch):
-    import sdq.probe_fio
+    import sdq.measure.fio
 
-    monkeypatch.setattr(sdq.probe_fio, "fio_binary", lambda: None)
+    monkeypatch.setattr(sdq.measure.fio, "fio_binary", lambda: None)
     code, out, err = run_cli([*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio"], capsys)
     assert code == 0, err
     assert "fio: fio is not installed" in out

@@ -1,4 +1,4 @@
-"""The engine-path probe (sdq.probe_engine) and fio's mixed-size command (sdq.probe_fio)."""
+"""The engine-path probe (sdq.measure.probe_engine) and fio's mixed-size command (sdq.measure.fio)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from sdq.errors import ParamsError
-from sdq.probe import HUGE_PAGE
-from sdq.probe_engine import PAGE, _direct_spans, engine_vs_fio
-from sdq.probe_fio import bssplit, fio_command
+from sdq.measure.probe import HUGE_PAGE
+from sdq.measure.probe_engine import PAGE, _direct_spans, engine_vs_fio
+from sdq.measure.fio import bssplit, fio_command
 
 
 def test_bssplit_shares_are_whole_percents_summing_to_100():
@@ -35,7 +35,7 @@ def test_fio_command_with_a_split_reads_mixed_aligned_sizes(tmp_path):
 
 
 def test_direct_spans_are_the_aligned_supersets(tiny_model):
-    from sdq.gguf import open_model
+    from sdq.format.model import open_model
 
     table = open_model(tiny_model).require_experts()
     spans = _direct_spans(table)  # [L, E, P]
@@ -82,20 +82,20 @@ def test_engine_vs_fio_reads_the_right_bytes(tiny_model, monkeypatch):
     """The slots hold the file's bytes after a run (the timed reads are real reads)."""
     import os
 
-    import sdq.pager
-    from sdq.gguf import open_model
+    import sdq.paging.cache
+    from sdq.format.model import open_model
 
     arenas = []
 
-    class Keep(sdq.pager.Arena):
+    class Keep(sdq.paging.cache.Arena):
         def close(self):
             arenas.append(self.buf.copy())
             super().close()
 
-    monkeypatch.setattr(sdq.pager, "Arena", Keep)
+    monkeypatch.setattr(sdq.paging.cache, "Arena", Keep)
     engine_vs_fio(tiny_model, (1,), layers=1, repeat=1, fio=False)
     buf = arenas[0]  # [slots * slot_bytes]: the huge-page arena, closed first
-    from sdq.expert_io import SlotLayout
+    from sdq.paging.reads import SlotLayout
 
     table = open_model(tiny_model).require_experts()
     layout = SlotLayout.for_table(table, "direct")
@@ -120,7 +120,7 @@ def test_the_arena_asks_for_huge_pages():
     `madvise` or `always` mode its anonymous pages may be 2 MiB (smaps: THPeligible 1)."""
     from pathlib import Path
 
-    from sdq.pager import Arena
+    from sdq.paging.cache import Arena
 
     mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not mode.exists() or "[never]" in mode.read_text():
@@ -146,8 +146,8 @@ def test_huge_share_of_an_arena():
     import mmap
     from pathlib import Path
 
-    from sdq.pager import Arena
-    from sdq.probe_engine import huge_share
+    from sdq.paging.cache import Arena
+    from sdq.measure.probe_engine import huge_share
 
     small = Arena(4, 4 << 20)
     try:

@@ -2,7 +2,7 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from sdq.errors import GGUFError
-from sdq.quants import QUANTS, SUPPORTED_COMPUTE, is_plain, qtype_of, row_bytes, tensor_bytes
+from sdq.format.quants import QUANTS, SUPPORTED_COMPUTE, is_plain, qtype_of, row_bytes, tensor_bytes
 
 Q = GGMLQuantizationType
 

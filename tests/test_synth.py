@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from sdq import synth
+from sdq.synth import build as synth
 from sdq.errors import ParamsError, SdqError
-from sdq.synth import PRESETS, SynthConfig, build_model, resolve_config, synth_weights
-from sdq.synth_weights import TOKEN_CLASSES, routing_preview, routing_stats, token_classes
+from sdq.synth.build import PRESETS, SynthConfig, build_model, resolve_config, synth_weights
+from sdq.synth.weights import TOKEN_CLASSES, routing_preview, routing_stats, token_classes
 
 # A small custom model for cache tests: one layer, tied embeddings (the vocabulary dominates).
 SMALL = SynthConfig(
@@ -52,7 +52,7 @@ def test_presets_are_valid_and_k_quant_ready():
 
 
 def test_mini_has_seed_like_expert_segments():
-    from sdq.quants import row_bytes
+    from sdq.format.quants import row_bytes
 
     mini = PRESETS["mini"]
     gate = mini.expert_ffn * row_bytes(Q.Q4_K, mini.n_embd)
@@ -275,8 +275,8 @@ def test_cli_prints_path_and_sizes(private_cache, capsys):
 
 
 def test_q4_k_m_holds_k_quants_and_only_types_sdq_computes(tiny_model):
-    from sdq.gguf import open_model
-    from sdq.quants import SUPPORTED_COMPUTE
+    from sdq.format.model import open_model
+    from sdq.format.quants import SUPPORTED_COMPUTE
 
     m = open_model(tiny_model)
     types = {name: t.qtype for name, t in m.tensors.items()}
@@ -288,7 +288,7 @@ def test_q4_k_m_holds_k_quants_and_only_types_sdq_computes(tiny_model):
 
 
 def test_spec_matches_the_config(tiny_model, tiny_model_q8, tiny_model_f32):
-    from sdq.gguf import open_model
+    from sdq.format.model import open_model
 
     cfg = PRESETS["tiny"]
     for path in (tiny_model, tiny_model_q8, tiny_model_f32):
@@ -302,7 +302,7 @@ def test_spec_matches_the_config(tiny_model, tiny_model_q8, tiny_model_f32):
 
 
 def test_f32_file_holds_the_generated_weights(tiny_model_f32):
-    from sdq.gguf import open_model
+    from sdq.format.model import open_model
 
     m = open_model(tiny_model_f32)
     w = synth_weights(PRESETS["tiny"], 0)
@@ -314,7 +314,7 @@ def test_f32_file_holds_the_generated_weights(tiny_model_f32):
 
 
 def _logits(path: Path, text: str) -> np.ndarray:
-    from sdq.bench.llama_ref import open_llama  # refuses an AMX build (SIGILL here)
+    from sdq.measure.llama_ref import open_llama  # refuses an AMX build (SIGILL here)
 
     llm = open_llama(path, n_ctx=64, n_ubatch=64, threads=2, logits_all=True)
     tokens = llm.tokenize(text.encode(), add_bos=False)

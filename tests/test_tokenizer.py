@@ -3,7 +3,7 @@
 import pytest
 
 from sdq.errors import UnsupportedError
-from sdq.tokenizer import StreamDecoder, Tokenizer, _complete_utf8_prefix
+from sdq.format.tokenizer import StreamDecoder, Tokenizer, _complete_utf8_prefix
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sdq import vocab
+from sdq.synth import vocab
 from sdq.errors import SdqError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_test_vectors_parse(qwen2_test_vectors):
 
 
 def test_llama_cpp_tokenizes_the_vectors_as_expected(llama_cpp, qwen2_vocab, qwen2_test_vectors):
-    from sdq.bench.llama_ref import open_llama
+    from sdq.measure.llama_ref import open_llama
 
     llm = open_llama(qwen2_vocab, n_ctx=64, n_ubatch=64, threads=1, vocab_only=True)
     for text, ids in qwen2_test_vectors:

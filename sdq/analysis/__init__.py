@@ -11,4 +11,6 @@
     tables.py      the tables of notebook 02 (T6-T8) as DataFrames
 
 Command line: `sdq routes simulate TRACE`, `sdq routes stats TRACE`.
+
+May import: sdq.kernels (the JIT flags), sdq.format and the base modules.
 """

@@ -25,7 +25,7 @@ def record_route_log(
     """Greedy generation of `n_predict` tokens; returns (trace with token ids, chat JSON).
 
     The expert count comes from the model (a route log only shows the experts it used)."""
-    from sdq.gguf import open_model
+    from sdq.format.model import open_model
 
     spec = open_model(model_path).spec
     cmd = [

@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from sdq.session import open_session
+    from sdq.run.session import open_session
 
     prompt = _prompt(args)
     _check_args(args)
@@ -129,7 +129,7 @@ def _check_args(args) -> None:
 def _apply_io_profile(args) -> None:
     """Fill --io-threads / --io-split / --io-mode from --io-profile where not given."""
     if getattr(args, "io_profile", None):
-        from sdq.probe import load_io_profile
+        from sdq.paging.io_profile import load_io_profile
 
         profile = load_io_profile(args.io_profile)
         if args.io_threads is None:

@@ -41,10 +41,10 @@ def run(args) -> int:
     from pathlib import Path
 
     from sdq.errors import ParamsError
-    from sdq.experiments.api import journal_path, run_suite
-    from sdq.experiments.suites import SUITES, SuiteBuilder
-    from sdq.experiments.summary import suite_table
-    from sdq.lab import atomic
+    from sdq.measure.experiments.api import journal_path, run_suite
+    from sdq.measure.experiments.suites import SUITES, SuiteBuilder
+    from sdq.measure.experiments.summary import suite_table
+    from sdq import files as atomic
 
     if args.repeat is not None and args.repeat < 1:
         raise ParamsError(f"--repeat {args.repeat}: expected >= 1")
@@ -89,7 +89,7 @@ def _model_path(model: str) -> str:
     if Path(model).is_file():
         return model
     from sdq.errors import ParamsError
-    from sdq.synth import PRESETS, build_model
+    from sdq.synth.build import PRESETS, build_model
 
     if model in PRESETS:
         return str(build_model(model))
@@ -98,7 +98,7 @@ def _model_path(model: str) -> str:
 
 def _settings(args, kind: str):
     from sdq.errors import ParamsError
-    from sdq.experiments.suites import Settings
+    from sdq.measure.experiments.suites import Settings
 
     section = {}
     if args.params:

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdq.gguf import anatomy, open_model
+    from sdq.format.model import anatomy, open_model
 
     model = open_model(args.model)
     if args.check:

@@ -1,7 +1,7 @@
 """`sdq plan MODEL --ram-budget-mb B -c CTX -b UBATCH`: the memory plan as a table (or JSON).
 
 Every term is counted before anything is allocated: RSS now, dense weights, KV cache, compute
-buffers, pager buffers, reserve; what is left becomes expert slots (sdq.memory).
+buffers, pager buffers, reserve; what is left becomes expert slots (sdq.run.plan).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import sdq.engine  # noqa: F401  (load what `sdq chat` has loaded when it plans: Numba, LLVM)
-    from sdq.gguf import open_model
-    from sdq.memory import DEFAULT_RESERVE_MB, plan_memory
+    import sdq.run.engine  # noqa: F401  (load what `sdq chat` has loaded when it plans: Numba, LLVM)
+    from sdq.format.model import open_model
+    from sdq.run.plan import DEFAULT_RESERVE_MB, plan_memory
 
     model = open_model(args.model)
     reserve = DEFAULT_RESERVE_MB if args.reserve_mb is None else args.reserve_mb

@@ -105,7 +105,7 @@ def _check_out_dir(path: Path) -> None:
 
 
 def settings_from_args(args):
-    from sdq.probe import ProbeSettings, parse_int_list, settings_for_model
+    from sdq.measure.probe import ProbeSettings, parse_int_list, settings_for_model
 
     fields = dict(
         threads=parse_int_list(args.threads, "--threads"),
@@ -235,7 +235,8 @@ def engine_dict(eng) -> dict:
 
 
 def run(args) -> int:
-    from sdq.probe import profile_from, recommend, run_probe, write_io_profile
+    from sdq.measure.probe import profile_from, recommend, run_probe
+    from sdq.paging.io_profile import write_io_profile
 
     settings = settings_from_args(args)
     if args.profile_out is not None:
@@ -253,7 +254,7 @@ def run(args) -> int:
     rec = recommend(result)
     eng = None
     if args.engine:
-        from sdq.probe_engine import engine_vs_fio
+        from sdq.measure.probe_engine import engine_vs_fio
 
         eng = engine_vs_fio(args.model, settings.threads, layers=args.engine_layers,
                             repeat=settings.repeat, seed=settings.seed, fio=settings.fio,

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdq.synth import build_model, model_path, resolve_config
+    from sdq.synth.build import build_model, model_path, resolve_config
 
     overrides = {field: getattr(args, flag) for flag, field in _DIM_FLAGS.items()}
     overrides["tied_embeddings"] = args.tied
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 def _summary(path, cfg, qtype: str, seed: int, cached: bool, seconds: float) -> dict:
     from collections import Counter
 
-    from sdq.gguf import open_model
+    from sdq.format.model import open_model
 
     model = open_model(path)
     experts = model.require_experts()

@@ -12,14 +12,13 @@
 [rows, row_bytes]; F32/F16 tensors may also be given as float arrays). Activations are
 converted as ggml's CPU backend does (Q8_K for K-quants, Q8_0 for Q8_0/Q4_0, F16/BF16 for
 those float weights), see act_quant.py. Norms, RoPE, attention, router: sdq.kernels.ops.
+
+May import: sdq.format (quant facts) and the base modules; nothing that runs a model.
 """
 
 from sdq.kernels.act_quant import ACT_TYPE, QActivation, quantize_activation
 from sdq.kernels.dot import matmul, matmul_q, matvec, matvec_q
-from sdq.kernels.jit import drop_stale_cache
 from sdq.kernels.quant import SUPPORTED, dequantize, qtype_of
-
-drop_stale_cache()
 
 __all__ = [
     "ACT_TYPE",

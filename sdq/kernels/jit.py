@@ -56,17 +56,23 @@ INTRINSIC_SOURCES = ("simd.py", "simd_mm.py")
 _STAMP = "sdq-intrinsics.sha256"
 
 
+def _cache_marker() -> int:  # never called: only its cache folder is asked for
+    return 0
+
+
 def drop_stale_cache(cache_dir: Path | None = None) -> bool:
     """Remove this package's cached kernels when the intrinsic sources changed since they
     were cached (a hash of them is kept beside the cache); returns True if it did. Kernels
     then compile again on first use. Errors (e.g. a read-only install) are ignored.
 
-    cache_dir: where Numba keeps this package's kernels (default: asked of a kernel)."""
-    if cache_dir is None:
-        from sdq.kernels.dot import _mm_q4_k_simd  # any kernel of this package
+    Called by `python -m sdq.kernels.jit` (which `make test` and `make reproduce` run before
+    any kernel compiles), never at import time.
 
+    cache_dir: where Numba keeps this package's kernels (default: asked of Numba for a
+    function defined in this folder, which shares the kernels' cache folder)."""
+    if cache_dir is None:
         try:
-            cache_dir = Path(_mm_q4_k_simd._cache._cache_path)  # Numba internals
+            cache_dir = Path(kernel(_cache_marker)._cache._cache_path)  # Numba internals
         except AttributeError:
             return False
     here = Path(__file__).parent
@@ -87,3 +93,7 @@ def drop_stale_cache(cache_dir: Path | None = None) -> bool:
     except OSError:
         return False
     return True
+
+
+if __name__ == "__main__":
+    print("sdq kernels: stale cached kernels dropped" if drop_stale_cache() else "", end="")

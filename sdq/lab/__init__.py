@@ -13,6 +13,8 @@ Adding a notebook `NN_topic`:
    {{value:name:.1f}}); `make docs` renders docs/NN_topic.md.
 5. `make reproduce` (or `python -m sdq.lab.reproduce --params default --only NN_topic`), then
    commit outputs/NN_topic/default/ and docs/.
+
+May import: everything but sdq.commands and sdq.cli.
 """
 
 from sdq.lab.outputs import Outputs

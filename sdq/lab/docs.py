@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdq.errors import LabError, SdqError
-from sdq.lab import atomic
+from sdq import files as atomic
 from sdq.lab.catalogue import CATALOGUE
 from sdq.lab.formatting import format_value
 from sdq.lab.notebooks import STEM_PATTERN, notebook_paths, read_notebook

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sdq.errors import LabError
-from sdq.lab import atomic
+from sdq import files as atomic
 from sdq.lab.formatting import markdown_table, to_json_value
 from sdq.lab.paths import default_outputs_root, repo_root
 

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from sdq.lab import atomic
+from sdq import files as atomic
 from sdq.lab.paths import repo_root
 
 # distribution names (as pip knows them) whose versions decide the results

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sdq.errors import LabError, SdqError
-from sdq.lab import atomic, provenance, runner
+from sdq import files as atomic
+from sdq.lab import provenance, runner
 from sdq.lab.notebooks import notebook_paths
 from sdq.lab.params import ModelParams, Params, load_params
 from sdq.lab.paths import repo_root, shown
@@ -39,8 +40,8 @@ class NotebookResult:
 
 
 def build_model(model: ModelParams) -> Path:
-    """The run's synthetic model (built once; sdq.synth caches it by content hash)."""
-    from sdq.synth import build_model as synth_build
+    """The run's synthetic model (built once; sdq.synth.build caches it by content hash)."""
+    from sdq.synth.build import build_model as synth_build
 
     return Path(synth_build(model.preset, qtype=model.qtype, seed=model.seed, progress=True))
 

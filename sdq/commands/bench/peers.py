@@ -1,0 +1,171 @@
+"""`sdq bench peers MODEL --ram-cap-mb MB --tokens N --repeat R`: sdq vs llama.cpp (T12).
+
+Resident (everything in RAM, warm page cache) and under each memory cap (a cgroup v1 memory
+limit that charges the page cache too, cold cache): sdq with its expert arena, llama.cpp with
+its default mmap, and llama.cpp with `lazy_mode` on. Each run is a fresh child process; the
+systems' order rotates per repeat; medians of the repeats. How each figure is taken is in
+sdq/peers.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sdq.measure.resident import DEFAULT_PROMPT
+
+MB = 1_000_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="GGUF model file")
+    p.add_argument(
+        "--ram-cap-mb",
+        required=True,
+        help="memory cap in MB (10**6 bytes); a comma list runs each cap",
+    )
+    p.add_argument("--tokens", type=int, default=16, help="tokens to generate per run")
+    p.add_argument("--repeat", type=int, default=3, help="runs per system and condition")
+    p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-c", "--ctx-size", type=int, default=512)
+    p.add_argument("-b", "--ubatch", type=int, default=128)
+    p.add_argument("--reserve-mb", type=float, default=100.0, help="sdq's head room (MiB)")
+    p.add_argument(
+        "--sdq-cache-mode", choices=("pagecache", "dontneed", "direct"), default="direct"
+    )
+    p.add_argument(
+        "--sdq-cache-policy",
+        choices=("auto", "lru", "lrfu_bypass", "layer_lrfu"),
+        default="auto",
+        help="sdq's expert replacement policy (sdq chat --cache-policy)",
+    )
+    p.add_argument(
+        "--sdq-prefetch-next",
+        type=int,
+        metavar="N",
+        help="sdq reads the N most probable guessed experts of the next layer early "
+        "(sdq chat --prefetch-next; default: sdq's, 3K/4)",
+    )
+    p.add_argument("--io-threads", type=int, help="sdq's expert read threads")
+    p.add_argument(
+        "--systems",
+        default="sdq,llama-mmap,llama-lazy",
+        help="capped systems to run (comma list of sdq, llama-mmap, llama-lazy)",
+    )
+    p.add_argument("--no-resident", action="store_true", help="skip the resident comparison")
+    p.add_argument(
+        "--io-profile", help="a device probe's I/O profile (JSON): bandwidth for the I/O ceiling"
+    )
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=("PASSIVE", "ACTIVE"),
+        default="PASSIVE",
+        help="OpenMP idle workers of both engines: block (PASSIVE, sdq's default) or spin",
+    )
+    p.add_argument("--timeout-s", type=float, default=900.0, help="limit per child run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    from sdq.errors import ParamsError
+    from sdq.format.model import open_model
+    from sdq.measure.peers import PeerSettings, probe_bandwidth, run_peers
+    from sdq.format.tokenizer import Tokenizer
+
+    caps = _caps(args.ram_cap_mb)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.repeat < 1:
+        raise ParamsError(f"--repeat {args.repeat} must be >= 1")
+    model = open_model(args.model)
+    tok = Tokenizer.from_metadata(model.metadata, source=str(model.path))
+    ids = tuple(int(t) for t in tok.encode(args.prompt))
+    settings = PeerSettings(
+        model=str(model.path),
+        prompt_ids=ids,
+        tokens=args.tokens,
+        threads=args.threads,
+        ctx=args.ctx_size,
+        ubatch=min(args.ubatch, args.ctx_size),
+        reserve_mb=args.reserve_mb,
+        sdq_cache_mode=args.sdq_cache_mode,
+        sdq_cache_policy=args.sdq_cache_policy,
+        sdq_prefetch_next=args.sdq_prefetch_next,
+        io_threads=args.io_threads,
+        omp_wait_policy=args.omp_wait_policy,
+        timeout_s=args.timeout_s,
+    )
+    bandwidth = probe_bandwidth(args.io_profile) if args.io_profile else None
+    progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    res = run_peers(
+        settings,
+        caps,
+        args.repeat,
+        resident=not args.no_resident,
+        capped_systems=systems,
+        bandwidth=bandwidth,
+        progress=progress,
+    )
+    if args.json:
+        print(json.dumps(res.to_dict()))
+    else:
+        print(format_result(res))
+    return 0
+
+
+def _caps(text: str) -> list[float]:
+    from sdq.errors import ParamsError
+
+    try:
+        caps = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ParamsError(f"--ram-cap-mb {text!r}: expected MB numbers, comma separated") from None
+    if not caps or any(not c > 0 for c in caps):
+        raise ParamsError(f"--ram-cap-mb {text!r}: every cap must be > 0 MB")
+    return caps
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_result(res) -> str:
+    s = res.settings
+    lines = [
+        f"{s['model']}: prompt {len(s['prompt_ids'])} tokens, {s['tokens']} generated, "
+        f"-t {s['threads']}, OMP_WAIT_POLICY={s['omp_wait_policy']}, median of runs per row; "
+        f"caps by {res.limit_method} ({res.limit_note}); {res.provenance['llama_settings']}",
+        f"{'condition':22s} {'system':11s} {'decode tok/s':>12s} {'prefill tok/s':>13s} "
+        f"{'dev MB/tok':>10s} {'peak RSS MB':>11s} {'cgroup MB':>9s} {'ceiling':>8s} "
+        f"{'bound':>14s}  status",
+    ]
+    for r in res.summary():
+        cond = "resident (warm)" if r["mode"] == "resident" else f"cap {r['cap_mb']:.0f} MB cold"
+        lines.append(
+            f"{cond:22s} {r['system']:11s} {_f(r.get('decode_tok_s'), '12.2f')} "
+            f"{_f(r.get('prefill_tok_s'), '13.1f')} {_f(r.get('device_mb_per_token'), '10.1f')} "
+            f"{_f(r.get('peak_rss_mb'), '11.0f')} {_f(r.get('cgroup_peak_mb'), '9.0f')} "
+            f"{_f(r.get('io_ceiling_tok_s'), '8.2f')} {_bound(r):>14s}  "
+            f"{r['status']} ({r['ok_runs']}/{r['runs']})"
+        )
+    lines.append("ratios (sdq / other)")
+    for q in res.ratios():
+        cond = "resident" if q["mode"] == "resident" else f"cap {q['cap_mb']:.0f} MB"
+        lines.append(
+            f"  {cond:14s} vs {q['vs']:11s} decode {_f(q['decode_ratio'], '.3f')}"
+            f"  prefill {_f(q['prefill_ratio'], '.3f')}  device bytes {_f(q['read_ratio'], '.3f')}"
+        )
+    if res.bandwidth_note:
+        lines.append(f"I/O ceiling: {res.bandwidth_note}")
+    lines.append(
+        "bound: the lower of the I/O ceiling and sdq's resident decode speed (compute), "
+        "when the resident comparison ran"
+    )
+    return "\n".join(lines)
+
+
+def _bound(r: dict) -> str:
+    if r.get("bound_tok_s") is None:
+        return "-"
+    return f"{r['bound_tok_s']:.2f} ({r['bound_by']})"

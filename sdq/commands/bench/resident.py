@@ -1,0 +1,53 @@
+"""`sdq bench resident MODEL`: sdq against llama.cpp with every weight in RAM; how it is
+measured is in sdq.measure.resident."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from sdq.measure.resident import DEFAULT_PROMPT
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="GGUF model file")
+    p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-b", "--ubatch", type=int, default=128)
+    p.add_argument("-c", "--ctx-size", type=int, default=1024)
+    p.add_argument("-r", "--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    from sdq.measure.resident import compare_resident
+
+    result = compare_resident(
+        args.model,
+        args.prompt,
+        n_predict=args.n_predict,
+        threads=args.threads,
+        ubatch=args.ubatch,
+        n_ctx=args.ctx_size,
+        repeats=args.repeats,
+    )
+    print(json.dumps(result) if args.json else _table(result))
+    return 0
+
+
+def _table(r: dict) -> str:
+    lines = [
+        f"{r['model']}: prompt {r['n_prompt']} tokens, {r['n_predict']} generated, "
+        f"-t {r['threads']} -b {r['ubatch']}, median of {r['repeats']} alternating runs; "
+        f"{r['llama_settings']}",
+        f"{'engine':10s} {'prefill tok/s':>14s} {'decode tok/s':>13s}",
+    ]
+    for name in ("sdq", "llama.cpp"):
+        lines.append(
+            f"{name:10s} {r[f'{name}_prefill_tok_s']:14.2f} {r[f'{name}_decode_tok_s']:13.2f}"
+        )
+    lines.append(
+        f"{'sdq/llama':10s} {r['ratio_prefill_tok_s']:14.3f} {r['ratio_decode_tok_s']:13.3f}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""The engine's own expert reads next to fio on the same model file (table T1_engine).
+
+Dimension key: L MoE layers, E experts per layer, K experts a decode layer uses, P = 3 parts
+(gate, up, down), R = K * P segment reads per layer.
+
+The probe's level sweep (`sdq.measure.probe`) reads equal-sized ranges of a file; this asks the same
+question of the pager's own read path. One "layer" is a decode miss as the pager serves it:
+K distinct random experts of a random MoE layer, all R segments submitted at once through
+`sdq.paging.reads.ExpertReader` (mode parallel, O_DIRECT, in-place aligned reads) into K slots
+of an `sdq.paging.cache.Arena`, faulted in beforehand, away from the mapping's ends (huge pages where
+the kernel gives them, as in the engine's large arena) — what `sdq bench layer-miss` times.
+`layers` layers back to back (each submitted when the previous one is in) make one run;
+MB/s = device bytes requested / the run's wall time, MB = 10**6 B.
+
+Beside it, per run:
+- 4 KiB pages: the same layers into an arena advised MADV_NOHUGEPAGE (the pager's arena asks
+  for transparent huge pages; this shows what they are worth on this machine);
+- one slot: the same layers with every expert's destination the arena's slot 0 (the bytes are
+  discarded). Same reads, same pool, same code; only the destination memory differs — a layer
+  spread over K slots against one slot reused, as fio reuses one buffer per job;
+- fio: the same segment sizes (a bssplit of the model's O_DIRECT read lengths in their
+  proportions), the same concurrency (numjobs = I/O threads), O_DIRECT, R * layers reads in
+  all, at random 4 KiB-aligned offsets of the same file.
+Runs are interleaved: run r of all four at one thread count, in alternating order, then the
+next thread count, then run r + 1. Medians over runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sdq.errors import ParamsError
+
+MB = 1_000_000
+PAGE = 4096
+
+
+@dataclass(frozen=True)
+class EngineCell:
+    """One thread count: medians over runs; read_ms = median duration of one segment read."""
+
+    threads: int
+    runs: int
+    arena_mb_s: float
+    small_pages_mb_s: float  # the same reads into an arena kept on 4 KiB pages
+    one_slot_mb_s: float
+    fio_mb_s: float  # nan without fio
+    arena_mb_s_min: float
+    arena_mb_s_max: float
+    arena_read_ms: float
+    small_pages_read_ms: float
+    one_slot_read_ms: float
+    fio_read_ms: float  # fio's median completion latency (from its bins); nan without fio
+
+    @property
+    def arena_over_fio(self) -> float:
+        return self.arena_mb_s / self.fio_mb_s if self.fio_mb_s > 0 else float("nan")
+
+    @property
+    def one_slot_over_fio(self) -> float:
+        return self.one_slot_mb_s / self.fio_mb_s if self.fio_mb_s > 0 else float("nan")
+
+
+@dataclass
+class EngineResult:
+    model: str
+    k: int  # experts read per layer
+    reads_per_layer: int  # R = K * 3
+    layers: int  # layers per run
+    repeat: int
+    bssplit: str  # the O_DIRECT read lengths and their shares, as fio's --bssplit
+    fio_note: str  # fio's version and an example command, or why there is no fio column
+    cells: list[EngineCell] = field(default_factory=list)
+    huge_share: float = 0.0  # share of the arena's mapping backed by huge pages (smaps)
+    small_pages_huge_share: float = 0.0  # the same for the 4 KiB-page arena (expected 0)
+    load: tuple[float, float] = (0.0, 0.0)
+    cpus: int = 0
+    seconds: float = 0.0
+
+    def conditions(self) -> str:
+        return (
+            f"1-min load average {self.load[0]:.1f} -> {self.load[1]:.1f} on {self.cpus} CPUs "
+            f"over {self.seconds:.0f} s"
+        )
+
+
+def huge_share(arena) -> float:
+    """Share of the mapping that holds `arena` backed by transparent huge pages (smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split(" ", 1)[0].split("-")
+        if len(head) != 2 or not all(c in "0123456789abcdef" for c in "".join(head)):
+            continue
+        lo, hi = int(head[0], 16), int(head[1], 16)
+        if lo <= arena.base < hi:
+            for entry in lines[i + 1 :]:
+                if entry.startswith("AnonHugePages:"):
+                    return int(entry.split()[1]) * 1024 / (hi - lo)
+            break
+    return 0.0
+
+
+def _direct_spans(table) -> np.ndarray:
+    """O_DIRECT read length of every segment: the 4 KiB-aligned superset. int64 [L, E, P]."""
+    offsets = np.asarray(table.offsets, dtype=np.int64)  # [L, E, P]
+    ends = offsets + np.asarray(table.nbytes, dtype=np.int64)  # [L, E, P]
+    return -(-ends // PAGE) * PAGE - offsets // PAGE * PAGE
+
+
+def engine_vs_fio(
+    model_path,
+    threads=(1, 2, 4, 8),
+    *,
+    layers: int = 9,
+    repeat: int = 3,
+    seed: int = 0,
+    fio: bool = True,
+    progress=None,
+) -> EngineResult:
+    """Measure the three reads above at each thread count (see the module docstring)."""
+    from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout
+    from sdq.format.model import open_model
+    from sdq.measure.probe import inner_arena
+    from sdq.measure.fio import bssplit, fio_binary, fio_command, fio_version, run_fio
+
+    if layers < 1 or repeat < 1 or not threads or min(threads) < 1:
+        raise ParamsError(
+            f"engine probe needs layers, repeat and thread counts >= 1, got layers={layers}, "
+            f"repeat={repeat}, threads={tuple(threads)}"
+        )
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    model = open_model(model_path)
+    table = model.require_experts()
+    k = int(model.spec.n_expert_used)
+    split = bssplit(_direct_spans(table).ravel())
+    use_fio = fio and fio_binary() is not None
+    result = EngineResult(
+        model=str(model.path),
+        k=k,
+        reads_per_layer=3 * k,
+        layers=layers,
+        repeat=repeat,
+        bssplit=split,
+        fio_note="fio is not installed" if fio and not use_fio else "",
+    )
+    if use_fio:
+        cmd = fio_command(model.path, size=0, threads=max(threads), reads=3 * k * layers,
+                          cache_mode="direct", split=split)  # fmt: skip
+        shown = " ".join("fio" if c == cmd[0] else c for c in cmd).replace(str(model.path), "FILE")
+        result.fio_note = f"{fio_version() or 'fio'}: {shown} (numjobs, number_ios per row)"
+    layout = SlotLayout.for_table(table, "direct")
+    arena, first = inner_arena(k, layout.slot_bytes)  # K slots away from the mapping's ends
+    small, small_first = inner_arena(k, layout.slot_bytes)
+    with contextlib.suppress(AttributeError, OSError):
+        small._map.madvise(mmap.MADV_NOHUGEPAGE)  # 4 KiB pages, as without the arena's advice
+    for a in (arena, small):
+        a.buf[::PAGE] = 1  # faulted in now, as a running engine's arena is
+    result.huge_share, result.small_pages_huge_share = huge_share(arena), huge_share(small)
+    spread = [arena.address(first + i) for i in range(k)]
+    spread_small = [small.address(small_first + i) for i in range(k)]
+    one = [arena.address(first)] * k
+    reader = ExpertReader(model.path, table, layout, IOSettings(threads=1, cache_mode="direct"))
+    rng = np.random.default_rng(seed)
+
+    def pick():
+        return [
+            (int(rng.integers(len(table.layers))), rng.choice(table.n_expert, k, replace=False))
+            for _ in range(layers)
+        ]
+
+    def run(picked, addrs, into=arena):
+        nbytes, durations = 0, []
+        start = time.perf_counter_ns()
+        for row, experts in picked:
+            batch, device = reader.submit(row, experts, addrs, into)
+            batch.wait_all()
+            nbytes += device
+            report = batch.report()  # [R, 6]
+            durations.append(report[:, 2] - report[:, 1])
+        wall = time.perf_counter_ns() - start
+        return nbytes / MB / (wall / 1e9), float(np.median(np.concatenate(durations))) / 1e6
+
+    samples = {t: {"arena": [], "small": [], "one": [], "fio": []} for t in threads}
+    load_before = os.getloadavg()[0]
+    try:
+        for r in range(repeat):
+            for t in threads:
+                say(f"run {r + 1}/{repeat}: engine reads at {t} threads")
+                reader.set_io(IOSettings(threads=t, mode="parallel", cache_mode="direct"))
+                run(pick()[:1], spread)  # untimed: new pool threads start, nothing else
+                picked = pick()
+                steps = [
+                    ("arena", lambda p=picked: run(p, spread)),
+                    ("small", lambda p=picked: run(p, spread_small, small)),
+                    ("one", lambda p=picked: run(p, one)),
+                ]
+                if use_fio:
+                    steps.append(("fio", lambda t=t: _fio_cell(run_fio, model.path, t, k,
+                                                               layers, split)))  # fmt: skip
+                for name, step in steps if r % 2 == 0 else steps[::-1]:
+                    samples[t][name].append(step())
+    finally:
+        reader.close()
+        arena.close()
+        small.close()
+    nan = float("nan")
+    for t in threads:
+        s = samples[t]
+        arena_mb = [v[0] for v in s["arena"]]
+        med = {n: (float(np.median([v[0] for v in s[n]])) if s[n] else nan) for n in s}
+        lat = {n: (float(np.median([v[1] for v in s[n]])) if s[n] else nan) for n in s}
+        result.cells.append(
+            EngineCell(
+                threads=t,
+                runs=repeat,
+                arena_mb_s=med["arena"],
+                small_pages_mb_s=med["small"],
+                one_slot_mb_s=med["one"],
+                fio_mb_s=med["fio"],
+                arena_mb_s_min=min(arena_mb),
+                arena_mb_s_max=max(arena_mb),
+                arena_read_ms=lat["arena"],
+                small_pages_read_ms=lat["small"],
+                one_slot_read_ms=lat["one"],
+                fio_read_ms=lat["fio"],
+            )
+        )
+    result.load, result.cpus = (load_before, os.getloadavg()[0]), os.cpu_count() or 0
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _fio_cell(run_fio, path: Path, threads: int, k: int, layers: int, split: str):
+    stats = run_fio(path, size=0, threads=threads, reads=3 * k * layers, cache_mode="direct",
+                    split=split)  # fmt: skip
+    return stats.mb_s, stats.median_ms

@@ -1,0 +1,403 @@
+"""Reading routed experts from the model file into arena slots through the C pread pool.
+
+Dimension key: L MoE layers (ExpertTable rows), E experts, K experts in one request, P = 3
+parts of an expert (gate, up, down), R reads in a batch.
+
+Slot layout. A slot holds one expert: three regions, one per part, each as large as that part
+is anywhere in the model, each starting on the layout's alignment (64 bytes for buffered
+reads, 4096 for O_DIRECT).
+
+O_DIRECT needs file offset, length and destination 4096-aligned, but GGUF tensors are only
+32-byte aligned. We read the aligned superset of a segment straight into its region and hand
+out a view starting `offset % 4096` bytes in. The alternative, reading into a per-thread
+aligned bounce buffer and copying into the slot, costs one extra memcpy of every expert
+(~2 MB per expert for the seed's model: 0.1-0.3 ms of one core per expert at 8-20 GB/s,
+competing with the compute for memory bandwidth) and a bounce buffer per thread; reading in
+place costs at most one extra 4 KiB page at each end of a segment (< 1.5 % more device bytes
+for 590 KB segments) and at most 4 KiB of slack per region. In-place is faster, so that is
+what `direct` does. The last expert of a file may end mid-page: its aligned read runs past
+the end of file, and the read only has to deliver the bytes up to the segment's end (`need`).
+
+Read layouts (seed 000 §2, §4.1; seed 003):
+  serial     one task per expert: its three segments read one after another
+  parallel   one task per segment
+  split N    each segment cut at page-aligned file offsets into at most N chunks (N in 1..8),
+             one task per chunk
+Each expert is one group, so a caller can wait for one expert while the others load.
+
+The reads of every expert of a layer are computed once per split (ReadTemplate, offsets
+relative to the slot); a request gathers its experts' rows and adds their slot addresses, so
+the time between routing and the reads starting is a few NumPy calls whatever the mode.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from sdq import _io
+from sdq.errors import ParamsError, ReadError
+
+PARTS = ("gate", "up", "down")
+MODES = ("serial", "parallel", "split")
+CACHE_MODES = ("pagecache", "dontneed", "direct")
+# the modes whose reads reach the device (a probe or profile measures one of these)
+COLD_CACHE_MODES = ("direct", "dontneed")
+DIRECT_ALIGN = _io.DIRECT_ALIGN  # 4096
+BUFFERED_ALIGN = 64
+SPLIT_PAGE = 4096
+MAX_SPLIT = 8
+_KINDS = {1: "I/O error", 2: "short read", 3: "read past end of file", 4: "read canceled"}
+
+
+def expert_table(model):
+    """The model's ExpertTable (GGUFError when it has no routed experts)."""
+    return model.require_experts() if hasattr(model, "require_experts") else model.experts
+
+
+def align_up(n, a: int):
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class IOSettings:
+    """How experts are read. threads: pool workers; split: chunks per segment in mode split."""
+
+    threads: int = 8
+    mode: str = "parallel"
+    split: int = 1
+    cache_mode: str = "pagecache"
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ParamsError(f"I/O mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.cache_mode not in CACHE_MODES:
+            raise ParamsError(
+                f"cache mode {self.cache_mode!r}: expected one of {', '.join(CACHE_MODES)}"
+            )
+        if not 1 <= self.threads <= _io.MAX_THREADS:
+            raise ParamsError(f"I/O threads {self.threads}: expected 1..{_io.MAX_THREADS}")
+        object.__setattr__(self, "split", min(max(int(self.split), 1), MAX_SPLIT))
+
+    @property
+    def chunks(self) -> int:
+        return self.split if self.mode == "split" else 1
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where each part of an expert lies inside a slot."""
+
+    align: int
+    direct: bool
+    region_offsets: tuple[int, int, int]  # byte offset of each part's region in the slot
+    region_bytes: tuple[int, int, int]
+    slot_bytes: int
+
+    @classmethod
+    def for_table(cls, table, cache_mode: str) -> SlotLayout:
+        direct = cache_mode == "direct"
+        align = DIRECT_ALIGN if direct else BUFFERED_ALIGN
+        offsets = np.asarray(table.offsets, dtype=np.int64)  # [L, E, P]
+        nbytes = np.asarray(table.nbytes, dtype=np.int64)  # [L, E, P]
+        if direct:
+            span = align_up(offsets % DIRECT_ALIGN + nbytes, DIRECT_ALIGN)  # [L, E, P]
+        else:
+            span = align_up(nbytes, BUFFERED_ALIGN)
+        regions = tuple(int(span[..., p].max()) for p in range(3))
+        starts = (0, regions[0], regions[0] + regions[1])
+        return cls(align, direct, starts, regions, int(sum(regions)))
+
+    def view_offset(self, file_offset: int, part: int) -> int:
+        """Offset inside a slot of the first byte of a segment that starts at file_offset."""
+        head = file_offset % DIRECT_ALIGN if self.direct else 0
+        return self.region_offsets[part] + head
+
+
+class ReadBatch:
+    """A submitted batch: wait for one expert (group) or all, with errors as ReadError."""
+
+    def __init__(self, batch, path: str, meta):
+        self.batch = batch
+        self.path = path
+        self._meta = meta  # int64 [R, 3], or (ReadTemplate, experts, layer) to build it from
+
+    @property
+    def meta(self) -> np.ndarray:
+        """int64 [R, 3]: layer, expert, part of each read."""
+        if isinstance(self._meta, tuple):
+            self._meta = template_meta(*self._meta)
+        return self._meta
+
+    def wait(self, group: int) -> None:
+        try:
+            self.batch.wait(group)
+        except _io.IOFailure as exc:
+            raise self._error(exc) from None
+
+    def wait_all(self) -> None:
+        try:
+            self.batch.wait_all()
+        except _io.IOFailure as exc:
+            raise self._error(exc) from None
+
+    def done(self, group: int) -> bool:
+        return self.batch.done(group)
+
+    def all_done(self) -> bool:
+        return self.batch.all_done()
+
+    def report(self) -> np.ndarray:
+        """int64 [R, 6]: submit_ns, start_ns, end_ns, done bytes, errno, kind (0 = ok)."""
+        return np.frombuffer(self.batch.report(), dtype=np.int64).reshape(-1, 6)
+
+    def timing(self) -> tuple[int, int, int]:
+        """(reads, first submit to last end ns, sum of the reads' own ns) of a finished batch:
+        report()'s summary in plain Python (a batch has tens of reads; NumPy's per-call cost
+        would dominate)."""
+        rep = memoryview(self.batch.report()).cast("q")  # [R * 6]
+        start, end = rep[1::6], rep[2::6]
+        return len(end), max(end) - min(rep[0::6]), sum(end) - sum(start)
+
+    def failed(self, group: int) -> bool:
+        """Whether a read of a finished group failed (without raising)."""
+        try:
+            self.batch.wait(group)
+        except _io.IOFailure:
+            return True
+        return False
+
+    def _error(self, exc) -> ReadError:
+        layer, expert, part = (int(v) for v in self.meta[exc.index])
+        what = _KINDS.get({"error": 1, "short": 2, "eof": 3}.get(exc.kind, 4))
+        detail = f": {os.strerror(exc.errno)}" if exc.kind == "error" else ""
+        got = f", got {exc.done} bytes" if exc.kind == "short" else ""
+        return ReadError(
+            f"{self.path}: {what} reading layer {layer} expert {expert} {PARTS[part]} "
+            f"at offset {exc.offset} length {exc.length}{got}{detail}"
+        )
+
+
+class ExpertReader:
+    """Opens the model file for one cache mode and reads experts into slots."""
+
+    def __init__(self, path, table, layout: SlotLayout, io: IOSettings):
+        self.path = str(path)
+        self.table = table
+        self.layout = layout
+        self.io = io
+        if (io.cache_mode == "direct") != layout.direct:
+            raise ParamsError(
+                f"slot layout is for {'direct' if layout.direct else 'buffered'} reads but the "
+                f"cache mode is {io.cache_mode}"
+            )
+        flags = os.O_RDONLY | (os.O_DIRECT if layout.direct else 0)
+        try:
+            self.fd = os.open(self.path, flags)
+        except OSError as exc:
+            extra = " (O_DIRECT not supported here?)" if exc.errno == 22 else ""
+            raise ReadError(f"{self.path}: cannot open: {exc.strerror}{extra}") from None
+        self.flags = (_io.FLAG_DIRECT if layout.direct else 0) | (
+            _io.FLAG_DONTNEED if io.cache_mode == "dontneed" else 0
+        )
+        if io.cache_mode == "dontneed":
+            # no readahead: it would leave neighbouring experts cached behind DONTNEED's back
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self._templates: dict[int, ReadTemplate] = {}  # table row -> its reads, built once
+        self.pool = _io.Pool(io.threads)
+
+    def set_io(self, io: IOSettings) -> None:
+        """Change mode / split / threads (not the cache mode: that needs another fd)."""
+        if io.cache_mode != self.io.cache_mode:
+            raise ParamsError("the cache mode of an open reader cannot change")
+        self.pool.threads = io.threads
+        if io.chunks != self.io.chunks:
+            self._templates = {}
+        self.io = io
+
+    def template(self, row: int) -> ReadTemplate:
+        """Table row `row`'s ReadTemplate for the current split (built on first use)."""
+        tmpl = self._templates.get(row)
+        if tmpl is None:
+            t = self.table
+            tmpl = read_template(
+                t.offsets[row], t.nbytes[row], self.fd, self.layout, self.io.chunks
+            )
+            self._templates[row] = tmpl
+        return tmpl
+
+    def plan(self, row: int, experts, addrs) -> tuple[np.ndarray, np.ndarray]:
+        """Reads for experts[k] of table row `row` into slot addresses addrs[k].
+
+        Returns (reads int64 [R, 7], meta int64 [R, 3]: layer, expert, part of each read).
+        """
+        tmpl = self.template(row)
+        reads = apply_template(tmpl, experts, addrs, self.io.mode)
+        return reads, template_meta(tmpl, experts, self.table.layers[row])
+
+    def submit(self, row: int, experts, addrs, keepalive=None) -> tuple[ReadBatch, int]:
+        """Submits the reads; returns (batch, device bytes requested)."""
+        tmpl = self.template(row)
+        reads = apply_template(tmpl, experts, addrs, self.io.mode)
+        batch = self.pool.submit(reads, self.flags, keepalive)
+        layer = self.table.layers[row]
+        meta = (tmpl, experts, layer)  # the meta table is only built to describe a failure
+        device = tmpl.device_bytes
+        return ReadBatch(batch, self.path, meta), sum(device[e] for e in experts)
+
+    def drop_cache(self) -> None:
+        """Drops the file's pages from the page cache (written back first: DONTNEED keeps dirty
+        pages)."""
+        os.fdatasync(self.fd)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def resident_fraction(self, offset: int, length: int) -> float:
+        return _io.resident_fraction(self.fd, offset, length)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+            os.close(self.fd)
+
+
+def _chunks(start: int, stop: int, n: int):
+    """[start, stop) cut into at most n pieces at page-aligned file offsets."""
+    if n <= 1 or stop - start <= SPLIT_PAGE:
+        return [(start, stop)]
+    step = align_up(-(-(stop - start) // n), SPLIT_PAGE)
+    base = start - start % SPLIT_PAGE
+    cuts = [start]
+    c = base + step
+    while c < stop and len(cuts) < n:
+        if c > start:
+            cuts.append(c)
+        c += step
+    cuts.append(stop)
+    return list(zip(cuts[:-1], cuts[1:], strict=False))
+
+
+@dataclass(frozen=True)
+class ReadTemplate:
+    """Every expert's reads of one layer, computed once: plan_reads then only gathers the
+    requested experts and adds their slot addresses.
+
+    rows: int64 [E, M, 7] (M = P x chunks): fd, offset, length, need, destination relative to
+    the slot start, row index m within the expert, 0, ordered by part then chunk; valid:
+    bool [E, M] (None when every row is a read: no split, or every segment cut into
+    `chunks`); parts: int64 [E, M] part of each row; shift: int64 [E, 1, 7], added to the k-th
+    requested expert's rows: task k*M + m, group k; device_bytes: per expert, the bytes its
+    reads request (Python ints)."""
+
+    rows: np.ndarray
+    valid: np.ndarray | None
+    parts: np.ndarray
+    shift: np.ndarray
+    device_bytes: list[int]
+
+
+def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
+    """The ReadTemplate of a layer: offsets, nbytes int64 [E, P]."""
+    off = np.asarray(offsets, dtype=np.int64)  # [E, P]
+    end = off + np.asarray(nbytes, dtype=np.int64)  # [E, P]
+    if layout.direct:
+        start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
+    else:
+        start, stop = off, end
+    n = max(int(chunks), 1)
+    if n > 1:
+        step = align_up(-(-(stop - start) // n), SPLIT_PAGE)  # [E, P]
+        base = start - start % SPLIT_PAGE
+        j = np.arange(1, n, dtype=np.int64)  # [n-1]
+        cuts = base[..., None] + j * step[..., None]  # [E, P, n-1], increasing
+        cuts = np.where((stop - start)[..., None] > SPLIT_PAGE, cuts, stop[..., None])
+        bounds = np.concatenate(
+            [start[..., None], np.minimum(cuts, stop[..., None]), stop[..., None]], -1
+        )  # [E, P, n+1]
+        lo, hi = bounds[..., :-1], bounds[..., 1:]  # [E, P, n]
+    else:
+        lo, hi = start[..., None], stop[..., None]  # [E, P, 1]
+    region = np.asarray(layout.region_offsets, dtype=np.int64)  # [P]
+    E, P = off.shape
+    rows = np.zeros((E, P, n, 7), dtype=np.int64)
+    rows[..., 0] = fd
+    rows[..., 1] = lo
+    rows[..., 2] = hi - lo
+    rows[..., 3] = np.minimum(hi, end[..., None]) - lo
+    rows[..., 4] = region[None, :, None] + (lo - start[..., None])
+    M = P * n
+    rows = rows.reshape(E, M, 7)
+    rows[..., 5] = np.arange(M)
+    valid = (lo < hi).reshape(E, M)
+    parts = np.broadcast_to(np.arange(P, dtype=np.int64)[:, None], (E, P, n)).reshape(E, M)
+    shift = np.zeros((E, 1, 7), dtype=np.int64)
+    shift[:, 0, 5] = np.arange(E) * M
+    shift[:, 0, 6] = np.arange(E)
+    device = (rows[..., 2] * valid).sum(axis=1).tolist()
+    return ReadTemplate(rows, None if valid.all() else valid, parts, shift, device)
+
+
+def apply_template(tmpl: ReadTemplate, experts, addrs, mode: str) -> np.ndarray:
+    """Reads int64 [R, 7] for experts [K] into slot addresses addrs [K] (see plan_reads)."""
+    reads = tmpl.rows[experts]  # [K, M, 7] (a copy)
+    reads += tmpl.shift[: len(reads)]  # task k*M + m, group k
+    reads[:, :, 4] += np.asarray(addrs, dtype=np.int64)[:, None]
+    if tmpl.valid is None:
+        reads = reads.reshape(-1, 7)  # [R, 7]; the task column is already 0..R-1
+    else:
+        reads = reads[tmpl.valid[experts]]  # [R, 7]
+        reads[:, 5] = np.arange(len(reads))
+    if mode == "serial":
+        reads[:, 5] = reads[:, 6]  # one task per expert
+    return reads
+
+
+def template_meta(tmpl: ReadTemplate, experts, layer: int) -> np.ndarray:
+    """int64 [R, 3]: layer, expert, part of each read of apply_template(tmpl, experts, ...)."""
+    experts = np.asarray(experts, dtype=np.int64)  # [K]
+    parts = tmpl.parts[experts]  # [K, M]
+    ids = np.broadcast_to(experts[:, None], parts.shape)  # [K, M]
+    if tmpl.valid is not None:
+        keep = tmpl.valid[experts]
+        parts, ids = parts[keep], ids[keep]
+    parts, ids = parts.reshape(-1), ids.reshape(-1)
+    return np.stack([np.full(len(parts), layer, dtype=np.int64), ids, parts], axis=1)
+
+
+def plan_reads(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=0):
+    """The read table for experts of one layer (vectorized; plan_reads_ref is the plain loop).
+
+    offsets, nbytes: int64 [E, P] of the layer; experts [K]; addrs [K] slot addresses.
+    Returns (reads int64 [R, 7]: fd, offset, length, need, dest, task, group; meta [R, 3]).
+    Reads are ordered by expert, part, chunk; the group of a read is its expert's index k.
+    ExpertReader keeps each layer's template and calls apply_template directly.
+    """
+    tmpl = read_template(offsets, nbytes, fd, layout, chunks)
+    return apply_template(tmpl, experts, addrs, mode), template_meta(tmpl, experts, layer)
+
+
+def plan_reads_ref(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=0):
+    """Plain-loop reference of plan_reads (same result)."""
+    rows, meta = [], []
+    task = -1
+    for k, (e, addr) in enumerate(zip(experts, addrs, strict=True)):
+        if mode == "serial":
+            task += 1
+        for p in range(3):
+            off, n = int(offsets[e, p]), int(nbytes[e, p])
+            end = off + n
+            if layout.direct:
+                start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
+            else:
+                start, stop = off, end
+            dest = addr + layout.region_offsets[p]
+            if mode != "serial" and chunks == 1:
+                task += 1
+            for s, t in _chunks(start, stop, chunks):
+                if mode != "serial" and chunks > 1:
+                    task += 1
+                rows.append((fd, s, t - s, min(t, end) - s, dest + (s - start), task, k))
+                meta.append((layer, int(e), p))
+    return np.array(rows, dtype=np.int64), np.array(meta, dtype=np.int64)

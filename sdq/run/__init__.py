@@ -1,0 +1,12 @@
+"""Running a model: the memory plan, the forward pass, generation and its statistics.
+
+    plan.py       the memory plan: every buffer counted before it is allocated -> arena slots
+    workspace.py  the activation buffers one forward pass needs, sized for a ubatch
+    engine.py     the forward pass (qwen3moe) on Numba kernels, experts from the pager
+    sampler.py    greedy / temperature / top-k / top-p sampling
+    generate.py   prefill in ubatches, decode, per-token timing and figures (DESIGN metrics)
+    session.py    RunSettings -> a plan, a pager, an engine and a tokenizer, ready to generate
+
+May import: sdq.format, sdq.kernels, sdq.paging and the base modules; never sdq.measure,
+sdq.lab or sdq.commands.
+"""

@@ -1,0 +1,590 @@
+"""The qwen3moe forward pass: dense weights resident, routed experts served by an expert source.
+
+Dimension key:
+    T  tokens in the ubatch          D  n_embd (hidden)           V  vocabulary
+    H  query heads                   Hkv KV heads                 Dh head dim   G = H / Hkv
+    E  routed experts per layer      K  experts used per token    F  expert FFN size
+    U  distinct experts a ubatch routes to (union over its T tokens, U <= min(E, T*K))
+    C  context length (KV cache positions)
+
+One ubatch (`Engine.forward`) runs every layer over T tokens at positions pos0..pos0+T-1:
+
+    x = embed(tokens)                                       # [T, D]
+    per layer:
+        a = rms_norm(x) ; q, k, v = a Wq, a Wk, a Wv        # [T, H*Dh], [T, Hkv*Dh] x2
+        q, k = rms_norm per head (q_norm, k_norm), rope_neox
+        k, v -> KV cache[pos0 : pos0+T] ; x += attention(q, cache) Wo
+        f = rms_norm(x) ; p = softmax(f Wr)                 # [T, E]
+        top-K of p, renormalised ; union of chosen experts -> expert source
+        x += sum_k p_k * down_k(silu(gate_k f) * up_k f)    # experts that are ready first
+    logits = output(rms_norm(x[-1]))                        # [V]
+
+The expert source is anything with the pager's `acquire / wait / views / release` API: the
+real `sdq.paging.cache.ExpertCache` (experts paged from the file into the arena) or `ResidentExperts`
+(all experts copied to RAM; for the resident benchmark and tests). All buffers come from the
+`Workspace` that the memory plan counted (sdq.run.workspace).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+from sdq.errors import ReadError, SdqError, UnsupportedError
+from sdq.kernels import dequantize, ops
+from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
+from sdq.kernels.dot import matmul_q
+from sdq.kernels.expert import QBlocks, expert_ffn
+from sdq.kernels.expert import supported as expert_kernel_supported
+from sdq.run.workspace import Workspace
+
+SUPPORTED_ARCHS = ("qwen3moe",)
+PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "other")
+
+
+@dataclass
+class Matrix:
+    """A weight matrix as stored in the GGUF: raw bytes (or floats), its type, [rows, cols]."""
+
+    name: str
+    raw: np.ndarray
+    qtype: int
+    rows: int
+    cols: int
+
+    def mul(self, acts: Activations, out: np.ndarray) -> None:  # X [T, cols] -> out [T, rows]
+        matmul_q(self.raw, self.qtype, self.rows, self.cols, acts.of(self.qtype), out)
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:  # [n] -> [n, cols] f32
+        return dequantize(self.raw[ids], self.qtype, len(ids), self.cols)
+
+
+class Activations:
+    """Activations X [T, cols] converted (as ggml does: Q8_K, Q8_0, F16...) once per format,
+    then shared by every matrix that multiplies them (q/k/v; all experts' gate and up)."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+        self._by_format: dict = {}
+
+    def of(self, weight_qtype):
+        fmt = ACT_TYPE[weight_qtype]
+        qx = self._by_format.get(fmt)
+        if qx is None:
+            qx = self._by_format[fmt] = quantize_activation(self.x, weight_qtype)
+        return qx
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray  # [D]
+    wq: Matrix  # [H*Dh, D]
+    wk: Matrix  # [Hkv*Dh, D]
+    wv: Matrix  # [Hkv*Dh, D]
+    wo: Matrix  # [D, H*Dh]
+    q_norm: np.ndarray  # [Dh]
+    k_norm: np.ndarray  # [Dh]
+    ffn_norm: np.ndarray  # [D]
+    router: Matrix  # [E, D]
+
+
+@dataclass
+class DenseWeights:
+    """Every tensor but the routed experts, copied into anonymous memory (model.dense_bytes)."""
+
+    token_embd: Matrix  # [V, D]
+    output_norm: np.ndarray  # [D]
+    output: Matrix  # [V, D] (token_embd when tied)
+    layers: list[LayerWeights]
+
+    @classmethod
+    def load(cls, model) -> DenseWeights:
+        """Read every dense tensor from the file into anonymous memory with pread: no file
+        mapping, so the process never holds the weights twice (mapped pages + copy).
+
+        Readahead is off and each tensor's pages are dropped from the page cache once copied:
+        otherwise the kernel's readahead (up to read_ahead_kb, 8 MB on this project's test
+        machine) pulls the start of the neighbouring expert tensors into the cache, so later
+        "cold" expert reads partly hit RAM, and a memory cgroup is charged for the copy twice."""
+        tensors = model.tensors
+        with open(model.path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+
+            def read(name: str) -> np.ndarray:
+                info = tensors.get(name)
+                if info is None:
+                    raise UnsupportedError(f"{model.path}: tensor {name} is missing")
+                like = model.tensor_data(name)  # a view, for shape and dtype; pages untouched
+                out = np.empty(like.shape, like.dtype)
+                _pread_into(f, out, info.offset, model.path, name)
+                os.posix_fadvise(f.fileno(), info.offset, out.nbytes, os.POSIX_FADV_DONTNEED)
+                return out
+
+            def matrix(name: str) -> Matrix:
+                raw = read(name)
+                info = tensors[name]
+                cols, rows = int(info.shape[0]), int(np.prod(info.shape[1:]))
+                return Matrix(name, raw, int(info.qtype), rows, cols)
+
+            def vector(name: str) -> np.ndarray:
+                return read(name).astype(np.float32).reshape(-1)
+
+            return cls._assemble(model, matrix, vector)
+
+    @classmethod
+    def _assemble(cls, model, matrix, vector) -> DenseWeights:
+        tensors = model.tensors
+        embd = matrix("token_embd.weight")
+        output = matrix("output.weight") if "output.weight" in tensors else embd
+        layers = []
+        for il in range(model.spec.n_layer):
+            p = f"blk.{il}."
+            layers.append(
+                LayerWeights(
+                    attn_norm=vector(p + "attn_norm.weight"),
+                    wq=matrix(p + "attn_q.weight"),
+                    wk=matrix(p + "attn_k.weight"),
+                    wv=matrix(p + "attn_v.weight"),
+                    wo=matrix(p + "attn_output.weight"),
+                    q_norm=vector(p + "attn_q_norm.weight"),
+                    k_norm=vector(p + "attn_k_norm.weight"),
+                    ffn_norm=vector(p + "ffn_norm.weight"),
+                    router=matrix(p + "ffn_gate_inp.weight"),
+                )
+            )
+        return cls(embd, vector("output_norm.weight"), output, layers)
+
+
+# --- expert sources -------------------------------------------------------------------------
+
+
+class ResidentExperts:
+    """Every routed expert copied into RAM; same API as sdq.paging.cache.ExpertCache, always a hit.
+
+    Used by the resident benchmark (sdq against llama.cpp with everything in memory) and by
+    tests that check the forward pass independently of the pager.
+    """
+
+    def __init__(self, model):
+        table = model.require_experts() if hasattr(model, "require_experts") else model.experts
+        self.table = table
+        self._parts: dict[int, list[list[np.ndarray]]] = {}
+        with open(model.path, "rb", buffering=0) as f:
+            for li, layer in enumerate(table.layers):
+                per_expert = []
+                for e in range(table.n_expert):
+                    parts = []
+                    for o, n in zip(table.offsets[li, e], table.nbytes[li, e], strict=True):
+                        part = np.empty(int(n), np.uint8)
+                        _pread_into(f, part, int(o), model.path, f"layer {layer} expert {e}")
+                        parts.append(part)
+                    per_expert.append(parts)
+                self._parts[int(layer)] = per_expert
+        self.lookups = 0
+
+    @property
+    def stats(self) -> dict:
+        return {"lookups": self.lookups, "hits": self.lookups, "misses": 0, "bytes_read": 0}
+
+    def acquire(self, layer: int, expert_ids) -> _ResidentHandle:
+        ids = [int(e) for e in expert_ids]
+        self.lookups += len(ids)
+        return _ResidentHandle(self._parts[layer], ids)
+
+    def release(self, handle) -> None:
+        pass
+
+    def prefetch(self, layer: int, expert_ids) -> None:
+        pass
+
+    def close(self) -> None:
+        self._parts.clear()
+
+
+class _ResidentHandle:
+    def __init__(self, parts, ids):
+        self.parts, self.ids = parts, ids
+
+    def ready_order(self) -> list[int]:
+        return list(range(len(self.ids)))
+
+    def wait(self, i: int) -> None:
+        pass
+
+    def views(self, i: int):
+        return self.parts[self.ids[i]]
+
+
+def _pread_into(f, out: np.ndarray, offset: int, path, what: str) -> None:
+    """Fill `out` with the file's bytes at `offset` (ReadError on a short read)."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        n = os.preadv(f.fileno(), [view[done:]], offset + done)
+        if n <= 0:
+            raise ReadError(
+                f"{path}: {what}: short read at byte {offset + done} ({done} of {len(view)} read)"
+            )
+        done += n
+
+
+# --- the forward pass -----------------------------------------------------------------------
+
+
+@dataclass
+class Timers:
+    """Seconds spent per op category (always collected; perf_counter costs ~0.1 us)."""
+
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(PROFILE_CATEGORIES, 0.0)
+    )
+
+    def add(self, category: str, dt: float) -> None:
+        self.seconds[category] += dt
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+
+class Engine:
+    """Runs ubatches through the model; owns the KV cache position."""
+
+    def __init__(
+        self,
+        model,
+        experts,
+        workspace: Workspace,
+        n_ctx: int,
+        n_ubatch: int,
+        weights: DenseWeights | None = None,
+    ):
+        spec = model.spec
+        if spec.arch not in SUPPORTED_ARCHS:
+            raise UnsupportedError(f"{model.path}: architecture {spec.arch!r} is not supported")
+        if spec.n_shared_expert:
+            raise UnsupportedError(
+                f"{model.path}: {spec.n_shared_expert} shared experts (qwen3moe has none)"
+            )
+        if spec.n_head % spec.n_head_kv:
+            raise UnsupportedError(
+                f"{model.path}: n_head {spec.n_head} not a multiple of n_head_kv {spec.n_head_kv}"
+            )
+        self.model, self.spec, self.experts, self.ws = model, spec, experts, workspace
+        self.n_ctx, self.n_ubatch = n_ctx, n_ubatch
+        self.weights = weights if weights is not None else DenseWeights.load(model)
+        self.moe_layers = frozenset(int(i) for i in spec.moe_layers)
+        if len(self.moe_layers) != spec.n_layer:
+            raise UnsupportedError(
+                f"{model.path}: {spec.n_layer - len(self.moe_layers)} dense-FFN layers"
+                " (qwen3moe layers are all MoE)"
+            )
+        self.expert_shapes = _expert_shapes(spec)
+        table = model.experts
+        if getattr(table, "fused_gate_up", False):
+            raise UnsupportedError(f"{model.path}: fused gate_up expert tensors")
+        self.expert_qtypes = {  # layer -> GGML type of (gate, up, down)
+            int(layer): tuple(int(t) for t in table.qtypes[i])
+            for i, layer in enumerate(table.layers)
+        }
+        self._layer = -1
+        self.timers = Timers()
+        self.route_log = None  # sdq.paging.cache.RouteLog: one JSON line per token and layer
+        # decode: after a layer's experts are requested, guess the next layer's and prefetch the
+        # prefetch_next most probable of them (0: off)
+        self.prefetch_next = 0
+        self.phase = "prefill"
+        self.n_past = 0
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    # -- one ubatch --------------------------------------------------------------------------
+
+    def forward(self, tokens, logits: str = "last") -> np.ndarray | None:
+        """Run tokens [T] (T <= n_ubatch) at positions n_past.. ; return logits.
+
+        logits: "last" -> ws.logits [V] for the last token; "all" -> a new array [T, V]
+        (tests and teacher forcing only; not counted by the memory plan); "none" -> None.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        T = int(tokens.shape[0])
+        if not 0 < T <= self.n_ubatch:
+            raise ValueError(f"ubatch of {T} tokens; must be 1..{self.n_ubatch}")
+        if self.n_past + T > self.n_ctx:
+            raise SdqError(
+                f"context overflow: {self.n_past} tokens in the KV cache + {T} new"
+                f" > context length {self.n_ctx} (-c)"
+            )
+        if int(tokens.max()) >= self.spec.n_vocab or int(tokens.min()) < 0:
+            raise SdqError(f"token id out of range 0..{self.spec.n_vocab - 1}")
+        t0 = time.perf_counter()
+        ws, w = self.ws, self.weights
+        x = ws.x[:T]  # [T, D]
+        x[:] = w.token_embd.rows_of(tokens)
+        positions = np.arange(self.n_past, self.n_past + T, dtype=np.float32)
+        self._rope = ops.rope_tables(positions, self.spec.rope_base, self.spec.head_dim)
+        self.timers.add("other", time.perf_counter() - t0)
+
+        for il, lw in enumerate(w.layers):
+            self._attention_block(il, lw, T)
+            self._moe_block(il, lw, T)
+        self.n_past += T
+
+        t0 = time.perf_counter()
+        xn = ws.xn[:T]
+        if logits == "none":
+            out = None
+        elif logits == "last":
+            ops.rms_norm(x[T - 1 : T], w.output_norm, self.spec.rms_eps, xn[:1])
+            w.output.mul(Activations(xn[:1]), ws.logits.reshape(1, -1))
+            out = ws.logits
+        else:
+            ops.rms_norm(x, w.output_norm, self.spec.rms_eps, xn)
+            out = np.empty((T, self.spec.n_vocab), np.float32)
+            w.output.mul(Activations(xn), out)
+        self.timers.add("other", time.perf_counter() - t0)
+        return out
+
+    def _attention_block(self, il: int, lw: LayerWeights, T: int) -> None:
+        t0 = time.perf_counter()
+        s, ws = self.spec, self.ws
+        H, Hkv, Dh, eps = s.n_head, s.n_head_kv, s.head_dim, s.rms_eps
+        p0 = self.n_past
+        x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
+        q, k, v = ws.q[:T], ws.k[:T], ws.v[:T]  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
+        ops.rms_norm(x, lw.attn_norm, eps, xn)
+        acts = Activations(xn)
+        lw.wq.mul(acts, q)
+        lw.wk.mul(acts, k)
+        lw.wv.mul(acts, v)
+        q3 = q.reshape(T, H, Dh)
+        k3 = k.reshape(T, Hkv, Dh)
+        ops.rms_norm(q3, lw.q_norm, eps, q3)
+        ops.rms_norm(k3, lw.k_norm, eps, k3)
+        cos, sin = self._rope  # [T, Dh/2] each, for this ubatch's positions
+        ops.rope_neox(q3, cos, sin)
+        ops.rope_neox(k3, cos, sin)
+        ws.k_cache[il, p0 : p0 + T] = k
+        ws.v_cache[il, p0 : p0 + T] = v
+        attn = ws.attn[:T]  # [T, H*Dh]
+        ops.attention(
+            q3, ws.k_cache[il], ws.v_cache[il], p0, Hkv, ws.scores, attn.reshape(T, H, Dh)
+        )
+        lw.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
+        x += xn
+        self.timers.add("attention", time.perf_counter() - t0)
+
+    def _moe_block(self, il: int, lw: LayerWeights, T: int) -> None:
+        t0 = time.perf_counter()
+        s, ws = self.spec, self.ws
+        K = s.n_expert_used
+        x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
+        ops.rms_norm(x, lw.ffn_norm, s.rms_eps, xn)
+        router = ws.router[:T]  # [T, E]
+        acts = Activations(xn)
+        lw.router.mul(acts, router)
+        ids, weights = ws.topk_ids[:T], ws.topk_w[:T]  # [T, K]
+        ops.softmax_topk(router, K, s.norm_topk_prob, ids, weights)
+        if self.route_log is not None:
+            self.route_log.write_batch(self.phase, self.n_past, il, ids, weights)
+        union = np.unique(ids)  # [U]
+        t1 = time.perf_counter()
+        self.timers.add("router", t1 - t0)
+
+        self._layer = il
+        out = ws.ffn_out[:T]  # [T, D]
+        wait_s = 0.0
+        # a prefill ubatch may route to more experts than the arena can pin at once
+        step = int(getattr(self.experts, "max_acquire", len(union)) or len(union))
+        guess_s = 0.0
+        for c in range(0, len(union), step):
+            chunk = union[c : c + step]
+            handle = self.experts.acquire(il, chunk)
+            if self.prefetch_next and T == 1 and il + 1 < len(self.weights.layers):
+                guess_s = self._prefetch_next(il)
+            try:
+                wait_s += self._run_experts(chunk, handle, ids, weights, T, acts)
+            finally:
+                self.experts.release(handle)
+        parts = ws.ffn_parts[:T]  # [T, K, D]
+        out[:] = parts[:, 0]
+        for k in range(1, K):  # top-K order: the sum does not depend on which experts were hits
+            out += parts[:, k]
+        x += out
+        t2 = time.perf_counter()
+        self.timers.add("io_wait", wait_s)
+        self.timers.add("router", guess_s)
+        self.timers.add("expert_compute", t2 - t1 - wait_s - guess_s)
+
+    def _prefetch_next(self, il: int) -> float:
+        """Decode: layer il+1's router applied to the residual as it is now (before layer il's
+        expert output and layer il+1's attention are added) guesses il+1's experts; the pager
+        starts reading them behind il's misses. Returns the seconds spent."""
+        t0 = time.perf_counter()
+        s, ws, nxt = self.spec, self.ws, self.weights.layers[il + 1]
+        if ws.router.shape[0] < 2:
+            return 0.0
+        xin, logits = ws.ffn_in[0, :1], ws.router[1:2]  # [1, D], [1, E]: idle in a decode step
+        ids, w = ws.topk_ids[1:2], ws.topk_w[1:2]  # [1, K]
+        ops.rms_norm(ws.x[:1], nxt.ffn_norm, s.rms_eps, xin)
+        if nxt.router.qtype == GGMLQuantizationType.F32:  # one BLAS matvec, no thread to wake
+            np.dot(nxt.router.raw, xin[0], out=logits[0])
+        else:
+            nxt.router.mul(Activations(xin), logits)
+        ops.softmax_topk(logits, s.n_expert_used, s.norm_topk_prob, ids, w)
+        self.experts.prefetch(il + 1, ids[0, : self.prefetch_next])  # most probable first
+        return time.perf_counter() - t0
+
+    def _run_experts(self, chunk, handle, ids, weights, T: int, acts: Activations) -> float:
+        """Compute the chunk's experts as their bytes become ready; return the seconds spent
+        waiting for them.
+
+        Prefill with n > 1 Numba threads: an expert gets ~T*K/E tokens, too little work to
+        split its rows across threads (every product would wake the other threads). Whole
+        experts go to n worker threads instead, each running single-threaded kernels on its
+        own buffers, so one worker's Python between products overlaps another's kernels.
+        This thread waits for each expert's bytes (in ready order) and hands it on; its wait
+        time, reported as io_wait, may then overlap the workers' compute.
+
+        Prefill with K-quant experts: the layer input is converted to Q8_K once here, and each
+        expert is one kernel call (sdq.kernels.expert) that gathers its tokens' Q8_K rows."""
+        order = _ready_order(handle, len(chunk))
+        workers = min(numba.get_num_threads(), self.ws.ffn_in.shape[0]) if T > 1 else 1
+        qtypes = self.expert_qtypes[self._layer]
+        qx = acts.of(qtypes[0]) if T > 1 and expert_kernel_supported(*qtypes) else None
+        wait_s = 0.0
+        if workers == 1:
+            for i in order:
+                tw = time.perf_counter()
+                handle.wait(i)
+                wait_s += time.perf_counter() - tw
+                e, views = int(chunk[i]), handle.views(i)
+                if qx is not None:
+                    self._expert_q8k(e, views, ids, weights, qx, self._fused_bufs(0))
+                else:
+                    self._expert(e, views, ids, weights, T, acts)
+            return wait_s
+        pool = self._expert_pool(workers)
+        futures = []
+        try:
+            for i in order:
+                tw = time.perf_counter()
+                handle.wait(i)
+                wait_s += time.perf_counter() - tw
+                e, views = int(chunk[i]), handle.views(i)
+                futures.append(pool.submit(self._expert_on_worker, e, views, ids, weights, T, qx))
+        finally:
+            wait_all(futures)  # no worker may still read a slot when the handle is released
+        for f in futures:
+            f.result()  # a worker's error is raised here
+        return wait_s
+
+    def _expert_pool(self, workers: int) -> ThreadPoolExecutor:
+        pool = getattr(self, "_pool", None)
+        if pool is None or pool._max_workers != workers:
+            if pool is not None:
+                pool.shutdown()
+            pool = self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sdq-expert")
+            self._worker_bufs = threading.local()
+            self._worker_ids = iter(range(workers))  # worker i uses the workspace's buffers [i]
+        return pool
+
+    def close(self) -> None:
+        """Stops the prefill worker threads (if any ran)."""
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown()
+            self._pool = None
+
+    def _expert_on_worker(self, e: int, views, ids, weights, T: int, qx) -> None:
+        """_expert (or _expert_q8k when qx, the layer input as Q8_K, is given) on a pool
+        thread: single-threaded kernels, the thread's own expert buffers (row i of the
+        workspace's ffn_in, ffn_gate, ffn_up, ffn_down [W, T, .], which the memory plan
+        counts for W compute threads)."""
+        numba.set_num_threads(1)  # this thread's kernels only
+        local = self._worker_bufs
+        if not hasattr(local, "i"):
+            local.i = next(self._worker_ids)
+        if qx is not None:
+            self._expert_q8k(e, views, ids, weights, qx, self._fused_bufs(local.i))
+            return
+        ws, i = self.ws, local.i
+        bufs = (ws.ffn_in[i], ws.ffn_gate[i], ws.ffn_up[i], ws.ffn_down[i])
+        self._expert(e, views, ids, weights, T, None, bufs)
+
+    def _fused_bufs(self, i: int):
+        """Worker i's buffers for _expert_q8k: ffn_in[i] holds the gathered Q8_K input rows
+        and ffn_up[i], once silu(gate) * up is in ffn_gate[i], the hidden rows' Q8_K (both
+        need about 2.2 bytes per value of the 4 they have)."""
+        cache = self.__dict__.setdefault("_fused", {})
+        bufs = cache.get(i)
+        if bufs is None:
+            ws = self.ws
+            (F, D), _, _ = self.expert_shapes
+            Tub = ws.ffn_in.shape[1]
+            in_q, hid_q = QBlocks(ws.ffn_in[i], Tub, D), QBlocks(ws.ffn_up[i], Tub, F)
+            bufs = cache[i] = (in_q, hid_q, ws.ffn_gate[i], ws.ffn_up[i], ws.ffn_down[i])
+        return bufs
+
+    def _expert_q8k(self, e: int, views, ids, weights, qx, bufs) -> None:
+        """_expert for a prefill ubatch with K-quant experts, in one kernel call: qx is the
+        layer input xn [T, D] as Q8_K; e's tokens' rows are gathered from it (Q8_K is
+        row-wise, so this equals converting the gathered floats)."""
+        (F, D), _, _ = self.expert_shapes
+        qtypes = self.expert_qtypes[self._layer]
+        expert_ffn(e, ids, weights, qtypes, views, F, D, qx, *bufs, self.ws.ffn_parts)
+
+    def _expert(
+        self, e: int, views, ids, weights, T: int, acts: Activations | None, bufs=None
+    ) -> None:
+        """ffn_parts[t, k] = w[t, k] * down(silu(gate x_t) * up x_t) for the tokens t routed to
+        e, k being e's place in t's top-K.
+
+        acts: the layer's normed input xn [T, D], converted once for every expert (decode).
+        bufs: (ffn_in [>=T, D], ffn_gate [>=T, F], ffn_up [>=T, F], ffn_down [>=T, D]) scratch;
+        default the workspace's first set."""
+        ws = self.ws
+        bufs = bufs or (ws.ffn_in[0], ws.ffn_gate[0], ws.ffn_up[0], ws.ffn_down[0])
+        ffn_in, ffn_gate, ffn_up, ffn_down = bufs
+        (F, D), _, _ = self.expert_shapes
+        gq, uq, dq = self.expert_qtypes[self._layer]
+        gate_raw, up_raw, down_raw = views
+        if T == 1:
+            rows = slice(0, 1)
+            slots = int(np.flatnonzero(ids[0] == e)[0])
+            w = weights[0, slots]
+            n = 1
+        else:
+            rows, slots = np.nonzero(ids == e)  # tokens routed to e, and where in their top-K
+            w = weights[rows, slots][:, None]  # [n, 1]
+            n = rows.shape[0]
+            xin = ffn_in[:n]  # [n, D]
+            np.take(ws.xn[:T], rows, axis=0, out=xin)
+            acts = Activations(xin)
+        g, u, d = ffn_gate[:n], ffn_up[:n], ffn_down[:n]  # [n, F] [n, F] [n, D]
+        matmul_q(gate_raw, gq, F, D, acts.of(gq), g)
+        matmul_q(up_raw, uq, F, D, acts.of(uq), u)
+        ops.silu_mul(g, u)
+        matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d)
+        d *= w
+        ws.ffn_parts[rows, slots] = d  # a token picks an expert at most once
+
+
+def _expert_shapes(spec):
+    D, F = spec.n_embd, spec.expert_ffn
+    return (F, D), (F, D), (D, F)  # gate, up: [F, D]; down: [D, F]
+
+
+def _ready_order(handle, n: int) -> list[int]:
+    """Order in which to compute a layer's experts: those already in RAM first, so that the
+    compute overlaps the reads of the misses."""
+    order = getattr(handle, "ready_order", None)
+    return order() if order is not None else list(range(n))

@@ -1,0 +1,163 @@
+"""Prefill in ubatches, then decode token by token; per-token timing and the run's figures.
+
+Figures (names as in DESIGN.md):
+    prefill_tok_s   prompt tokens / prefill wall time
+    ttft_ms         start of prefill -> first generated token sampled
+    decode_tok_s    decode forward passes / their wall time (prefill excluded)
+    total_ms_per_token, expert_io_ms_per_token, expert_compute_ms_per_token
+                    decode wall time, time the compute waited for expert reads, and time in
+                    expert matmuls, each per decode forward pass
+    hit_rate        expert lookups served from RAM / all lookups, during decode
+    ssd_mb_per_token  bytes read from the model file during decode / decode forward passes
+    peak_rss_mb, swap_mb  from the OS (VmHWM and VmSwap of this process)
+
+The first generated token comes from the prefill's logits; each later one needs a forward pass
+of the token before it, so n generated tokens cost n - 1 decode passes (none when the first
+token is a stop token or n = 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sdq.errors import SdqError
+from sdq.proc import memory_figures
+from sdq.run.sampler import Sampler, SamplerSettings
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    n_predict: int = 64
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    stop_at_eos: bool = True
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    text: str
+    figures: dict
+    profile: dict  # phase -> category -> ms per token
+    token_ms: list[float]  # wall time of each decode step (forward + sampling)
+
+
+def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=None):
+    """Run the prompt then sample up to n_predict tokens. on_text(str) receives the text as it
+    is generated (whole UTF-8 characters only)."""
+    prompt_ids = [int(t) for t in prompt_ids]
+    n_prompt, n_ctx, n_ub = len(prompt_ids), engine.n_ctx, engine.n_ubatch
+    if n_prompt == 0:
+        raise SdqError("the prompt is empty (0 tokens)")
+    # the last generated token is never fed back, so the cache holds n_prompt + n - 1 tokens
+    need = n_prompt + max(settings.n_predict, 1) - 1
+    if need > n_ctx:
+        raise SdqError(
+            f"context overflow: prompt {n_prompt} tokens + -n {settings.n_predict}"
+            f" needs {need} KV positions > context length {n_ctx} (-c)"
+        )
+    sampler = Sampler(settings.sampler)
+    stops = tokenizer.stop_ids if settings.stop_at_eos else frozenset()
+    stream = tokenizer.stream()
+    engine.reset()
+
+    # -- prefill --------------------------------------------------------------------------
+    engine.phase = "prefill"
+    timers0, io0 = engine.timers.snapshot(), _cache_stats(engine.experts)
+    t_start = time.perf_counter()
+    logits = None
+    for i in range(0, n_prompt, n_ub):
+        chunk = prompt_ids[i : i + n_ub]
+        last = i + n_ub >= n_prompt
+        logits = engine.forward(chunk, logits="last" if last else "none")
+    t_prefill = time.perf_counter() - t_start
+    generated = []
+    texts = []
+    tok = sampler(logits)
+    ttft = time.perf_counter() - t_start
+    timers1, io1 = engine.timers.snapshot(), _cache_stats(engine.experts)
+
+    # -- decode ---------------------------------------------------------------------------
+    engine.phase = "decode"
+    token_ms = []
+    t_decode0 = time.perf_counter()
+    while True:
+        generated.append(tok)
+        if tok in stops:
+            break
+        piece = stream.push(tok)
+        if piece:
+            texts.append(piece)
+            if on_text:
+                on_text(piece)
+        if len(generated) >= settings.n_predict:
+            break
+        ts = time.perf_counter()
+        logits = engine.forward([tok], logits="last")
+        tok = sampler(logits)
+        token_ms.append((time.perf_counter() - ts) * 1e3)
+    t_decode = time.perf_counter() - t_decode0
+    tail = stream.flush()
+    if tail:
+        texts.append(tail)
+        if on_text:
+            on_text(tail)
+    timers2, io2 = engine.timers.snapshot(), _cache_stats(engine.experts)
+
+    n_decode = len(token_ms)
+    per_tok = 1.0 / n_decode if n_decode else float("nan")
+    decode_timers = _delta(timers2, timers1)
+    decode_io = _delta(io2, io1)
+    decode_wall = sum(token_ms) / 1e3
+    lookups = decode_io.get("lookups", 0)
+    figures = {
+        "n_prompt": n_prompt,
+        "n_generated": len(generated),
+        "n_decode": n_decode,
+        "prefill_tok_s": n_prompt / t_prefill,
+        "ttft_ms": ttft * 1e3,
+        "decode_tok_s": n_decode / decode_wall if n_decode else float("nan"),
+        "total_ms_per_token": decode_wall * 1e3 * per_tok,
+        "expert_io_ms_per_token": decode_timers["io_wait"] * 1e3 * per_tok,
+        "expert_compute_ms_per_token": decode_timers["expert_compute"] * 1e3 * per_tok,
+        "hit_rate": decode_io.get("hits", 0) / lookups if lookups else float("nan"),
+        "ssd_mb_per_token": decode_io.get("bytes_read", 0) / 1e6 * per_tok,
+        "prefill_hit_rate": _ratio(_delta(io1, io0), "hits", "lookups"),
+        "prefill_ssd_mb": _delta(io1, io0).get("bytes_read", 0) / 1e6,
+        "decode_s": t_decode,
+        **memory_figures(),
+    }
+    profile = {
+        "prefill": _per_token(_delta(timers1, timers0), t_prefill, n_prompt),
+        "decode": _per_token(decode_timers, decode_wall, n_decode),
+    }
+    return Generation(prompt_ids, generated, "".join(texts), figures, profile, token_ms)
+
+
+def _cache_stats(experts) -> dict:
+    return dict(getattr(experts, "stats", {}) or {})
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {
+        k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, (int, float, np.number))
+    }
+
+
+def _ratio(d: dict, num: str, den: str) -> float:
+    return d.get(num, 0) / d[den] if d.get(den) else float("nan")
+
+
+def _per_token(timers: dict, wall_s: float, n: int) -> dict:
+    """ms per token per category; `other` also absorbs what no timer covered (sampling,
+    Python between ops), so the categories add up to the wall time."""
+    if n == 0:
+        return {}
+    ms = {k: v * 1e3 / n for k, v in timers.items()}
+    covered = sum(v for k, v in ms.items() if k != "other")
+    ms["other"] = wall_s * 1e3 / n - covered
+    ms["total"] = wall_s * 1e3 / n
+    return ms

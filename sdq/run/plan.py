@@ -1,0 +1,208 @@
+"""The memory plan: how many expert slots fit in a RAM budget, counted before allocating.
+
+    slots = floor((budget - rss_now - dense - kv - compute - pager_fixed - reserve)
+                  / (slot_bytes + per-slot metadata))
+
+Every term is known before anything big is allocated (seed 000 §5: the compute buffer that
+grew after sizing the arena is what crashed the 8 GB machine):
+  rss_now       the process as it is when planning (interpreter, numpy, numba, the GGUF header)
+  dense         every tensor that is not a routed expert (model.dense_bytes), which the engine
+                copies into anonymous memory and keeps resident
+  kv, compute   sdq.run.workspace.workspace_bytes(spec, n_ctx, n_ubatch, compute_threads): buffers
+                named *cache are the KV cache, the rest the ubatch compute buffers (one set of
+                expert buffers per compute thread)
+  pager fixed   I/O worker stacks (the pager reads in place, so no bounce buffers)
+  reserve       head room for what is not modelled (allocator slack, JIT code); seed default 900
+Plan first, then load the dense weights and allocate: the plan measures RSS as it is now.
+
+A budget that cannot hold `min_slots` slots (K = experts used per token, so one layer's experts
+fit at once; more when pinning or admission needs scratch slots) raises PlanError stating the
+smallest budget that would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from sdq.errors import PlanError
+from sdq.paging.reads import SlotLayout, expert_table
+
+MB = 1 << 20
+IO_THREAD_STACK_BYTES = 256 * 1024  # kernels_c/io_pool.c WORKER_STACK_BYTES
+SLOT_META_BYTES = 512  # Python bookkeeping per slot (dict entry, LRU node, key tuple)
+DEFAULT_RESERVE_MB = 900
+
+
+def current_rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    ram_budget_bytes: int
+    rss_bytes: int
+    dense_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    pager_bytes: int  # fixed pager buffers (I/O thread stacks)
+    reserve_bytes: int
+    slot_bytes: int
+    slot_meta_bytes: int
+    slots: int
+    min_slots: int
+    cache_mode: str
+    align: int
+    n_ctx: int
+    n_ubatch: int
+    io_threads: int
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Everything but the arena."""
+        return (
+            self.rss_bytes
+            + self.dense_bytes
+            + self.kv_bytes
+            + self.compute_bytes
+            + self.pager_bytes
+            + self.reserve_bytes
+        )
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+    @property
+    def left_bytes(self) -> int:
+        return self.ram_budget_bytes - self.fixed_bytes - self.slots * self.per_slot_bytes
+
+    @property
+    def per_slot_bytes(self) -> int:
+        return self.slot_bytes + self.slot_meta_bytes
+
+    def budget_for_slots(self, slots: int) -> int:
+        """The smallest budget (bytes) that holds `slots` slots with everything else as planned."""
+        return self.fixed_bytes + slots * self.per_slot_bytes
+
+    @property
+    def min_budget_bytes(self) -> int:
+        return self.budget_for_slots(self.min_slots)
+
+    def rows(self) -> list[tuple[str, float, str]]:
+        """(item, MB, note) for the table `sdq plan` prints."""
+        return [
+            ("RSS now", self.rss_bytes / MB, "measured before loading anything big"),
+            ("dense weights", self.dense_bytes / MB, "resident, anonymous memory"),
+            ("KV cache", self.kv_bytes / MB, f"ctx {self.n_ctx}"),
+            ("compute buffers", self.compute_bytes / MB, f"ubatch {self.n_ubatch}"),
+            ("pager buffers", self.pager_bytes / MB, f"{self.io_threads} I/O thread stacks"),
+            (
+                "slot metadata",
+                self.slots * self.slot_meta_bytes / MB,
+                f"{self.slot_meta_bytes} B/slot",
+            ),
+            ("reserve", self.reserve_bytes / MB, "head room"),
+            (
+                "expert arena",
+                self.arena_bytes / MB,
+                f"{self.slots} slots x {self.slot_bytes / MB:.3f} MB ({self.cache_mode})",
+            ),
+            ("left over", self.left_bytes / MB, "less than one slot"),
+            ("budget", self.ram_budget_bytes / MB, f"minimum {self.min_budget_bytes / MB:.1f} MB"),
+        ]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            arena_bytes=self.arena_bytes,
+            fixed_bytes=self.fixed_bytes,
+            left_bytes=self.left_bytes,
+            min_budget_bytes=self.min_budget_bytes,
+        )
+        return d
+
+
+def plan_memory(
+    model,
+    ram_budget_mb: float,
+    n_ctx: int,
+    n_ubatch: int,
+    reserve_mb: float = DEFAULT_RESERVE_MB,
+    rss_now: int | None = None,
+    *,
+    cache_mode: str = "pagecache",
+    io_threads: int = 8,
+    extra_slots: int = 0,
+    compute_threads: int = 1,
+) -> MemoryPlan:
+    """Plans the arena for `model` under `ram_budget_mb`.
+
+    extra_slots: slots needed beyond K (hot pins, admission scratch) for the minimum.
+    Raises PlanError when the budget holds fewer than K + extra_slots slots.
+    """
+    from sdq.run.workspace import workspace_bytes
+
+    table = expert_table(model)
+    spec = model.spec
+    layout = SlotLayout.for_table(table, cache_mode)
+    ws = workspace_bytes(spec, n_ctx, n_ubatch, compute_threads)
+    kv = sum(b for name, b in ws.items() if name.endswith("cache"))
+    compute = sum(ws.values()) - kv
+    rss = current_rss() if rss_now is None else int(rss_now)
+    budget = int(ram_budget_mb * MB)
+    base = MemoryPlan(
+        ram_budget_bytes=budget,
+        rss_bytes=rss,
+        dense_bytes=int(model.dense_bytes),
+        kv_bytes=int(kv),
+        compute_bytes=int(compute),
+        pager_bytes=io_threads * IO_THREAD_STACK_BYTES,
+        reserve_bytes=int(reserve_mb * MB),
+        slot_bytes=layout.slot_bytes,
+        slot_meta_bytes=SLOT_META_BYTES,
+        slots=0,
+        min_slots=int(spec.n_expert_used) + int(extra_slots),
+        cache_mode=cache_mode,
+        align=layout.align,
+        n_ctx=n_ctx,
+        n_ubatch=n_ubatch,
+        io_threads=io_threads,
+    )
+    left = budget - base.fixed_bytes
+    slots = max(left // base.per_slot_bytes, 0)
+    if slots < base.min_slots:
+        raise PlanError(
+            f"RAM budget {ram_budget_mb:g} MB holds {slots} expert slots of "
+            f"{layout.slot_bytes / MB:.3f} MB; at least {base.min_slots} are needed "
+            f"(experts used per token {spec.n_expert_used} + {extra_slots} extra): "
+            f"minimum budget {base.min_budget_bytes / MB:.1f} MB (RSS {rss / MB:.1f}, dense "
+            f"{base.dense_bytes / MB:.1f}, KV {kv / MB:.1f}, compute {compute / MB:.1f}, "
+            f"reserve {reserve_mb:g} MB)"
+        )
+    return replace(base, slots=int(slots))
+
+
+def plan_for_slots(model, slots: int, cache_mode: str = "pagecache") -> MemoryPlan:
+    """A plan with a given slot count and nothing else counted: for tests and benchmarks."""
+    table = expert_table(model)
+    layout = SlotLayout.for_table(table, cache_mode)
+    return MemoryPlan(
+        ram_budget_bytes=slots * (layout.slot_bytes + SLOT_META_BYTES),
+        rss_bytes=0,
+        dense_bytes=0,
+        kv_bytes=0,
+        compute_bytes=0,
+        pager_bytes=0,
+        reserve_bytes=0,
+        slot_bytes=layout.slot_bytes,
+        slot_meta_bytes=SLOT_META_BYTES,
+        slots=slots,
+        min_slots=int(model.spec.n_expert_used),
+        cache_mode=cache_mode,
+        align=layout.align,
+        n_ctx=0,
+        n_ubatch=0,
+        io_threads=0,
+    )

@@ -1,0 +1,89 @@
+"""Every buffer the forward pass holds, by name, shape and dtype — counted before allocation.
+
+The memory plan (sdq.run.plan) sums `workspace_layout` to size the arena; the engine allocates
+exactly these arrays through `Workspace`. Nothing the engine holds per run lives outside this
+table (apart from the resident dense weights, which the plan counts from the GGUF).
+
+Short-lived arrays made inside one op are not listed: a layer input converted to 8-bit blocks
+(T x D bytes plus scales), the embedding rows of a ubatch and the RoPE tables ([T, D] and
+[T, Dh/2] floats), row indices of the tokens routed to one expert. Together they stay below a
+few T x max(D, F) floats (about 1 MB at T 128, D 2048) and come and go within one layer: the
+plan's reserve covers them.
+
+Dimension key: L layers, C context length, T ubatch tokens, D n_embd, H heads, Hkv KV heads,
+Dh head dim, E experts, K experts used, F expert FFN size, V vocabulary, W compute threads
+(a prefill ubatch runs whole experts on W threads at once, each with its own expert buffers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def workspace_layout(
+    spec, n_ctx: int, n_ubatch: int, workers: int = 1
+) -> dict[str, tuple[tuple[int, ...], type]]:
+    """name -> (shape, dtype) for the KV cache and the ubatch compute buffers."""
+    L, C, T, W = spec.n_layer, n_ctx, n_ubatch, max(int(workers), 1)
+    D, H, Hkv, Dh = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim
+    E, K, F, V = spec.n_expert, spec.n_expert_used, spec.expert_ffn, spec.n_vocab
+    return {
+        # KV cache
+        "k_cache": ((L, C, Hkv * Dh), np.float32),  # [L, C, Hkv*Dh]
+        "v_cache": ((L, C, Hkv * Dh), np.float32),  # [L, C, Hkv*Dh]
+        # ubatch compute buffers
+        "x": ((T, D), np.float32),  # residual stream
+        "xn": ((T, D), np.float32),  # normed input of attention / FFN
+        "q": ((T, H * Dh), np.float32),
+        "k": ((T, Hkv * Dh), np.float32),
+        "v": ((T, Hkv * Dh), np.float32),
+        "attn": ((T, H * Dh), np.float32),  # attention output before wo
+        # attention scores: an upper bound of the rows sdq.kernels.ops.attention keeps
+        # (one [C] row per head at a time)
+        "scores": ((max(T, H), C), np.float32),
+        "router": ((T, E), np.float32),
+        "topk_ids": ((T, K), np.int32),
+        "topk_w": ((T, K), np.float32),
+        # one expert's buffers per compute thread: [W, T, .]
+        "ffn_in": ((W, T, D), np.float32),  # the tokens routed to one expert, gathered
+        "ffn_gate": ((W, T, F), np.float32),  # gate projection, then silu(gate) * up
+        "ffn_up": ((W, T, F), np.float32),
+        "ffn_down": ((W, T, D), np.float32),  # one expert's down projection
+        # each token's K weighted expert outputs, in top-K order, whatever order the experts
+        # were computed in (hits first, misses as their reads land): summed in that fixed order
+        "ffn_parts": ((T, K, D), np.float32),
+        "ffn_out": ((T, D), np.float32),  # weighted sum over the experts
+        "logits": ((V,), np.float32),
+    }
+
+
+def workspace_bytes(spec, n_ctx: int, n_ubatch: int, workers: int = 1) -> dict[str, int]:
+    """name -> bytes, for the plan."""
+    return {
+        name: int(np.prod(shape)) * np.dtype(dtype).itemsize
+        for name, (shape, dtype) in workspace_layout(spec, n_ctx, n_ubatch, workers).items()
+    }
+
+
+@dataclass
+class Workspace:
+    """The allocated buffers; attribute access by name (ws.x, ws.k_cache, ...)."""
+
+    buffers: dict[str, np.ndarray]
+
+    @classmethod
+    def allocate(cls, spec, n_ctx: int, n_ubatch: int, workers: int = 1) -> Workspace:
+        layout = workspace_layout(spec, n_ctx, n_ubatch, workers)
+        return cls({name: np.zeros(shape, dtype) for name, (shape, dtype) in layout.items()})
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.buffers[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers.values())

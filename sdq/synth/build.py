@@ -1,0 +1,517 @@
+"""Synthetic qwen3moe GGUF models that llama.cpp loads and runs: stand-ins for real weights.
+
+    from sdq.synth.build import build_model, SynthConfig, PRESETS
+    path = build_model("tiny", qtype="Q4_K_M", seed=0)
+
+A model is written with `gguf.GGUFWriter` (F16, or F32 when asked for F32; norms and routers
+always F32, as llama.cpp's converter keeps them), with the real Qwen2 tokenizer (`sdq.synth.vocab`),
+and then, for Q8_0 / Q4_K_M / Q4_0 ..., quantized by llama.cpp's own quantizer
+(`llama_cpp.llama_model_quantize`), so the quantized files have exactly the tensor types and
+layouts llama.cpp produces for real models. The weights and the routing construction are in
+`sdq.synth.weights`.
+
+Presets: `tiny` for tests: every matrix row length a multiple of 256, so llama.cpp never falls
+back to a 32-block type and Q4_K_M holds Q4_K, Q5_K and Q6_K tensors (plus Q8_0 attn_k/attn_v,
+llama.cpp's choice for 8-expert models); about 62 MB in Q4_K_M, mostly the 151,936-token
+vocabulary's embedding and output matrices. `mini` for `make reproduce`: seed-like expert
+segments (n_embd 2048, expert FFN 512, so one Q4_K gate/up segment is 589,824 B), 64 experts,
+top-8, 8 layers; about 1.5 GB in Q4_K_M.
+
+Files are cached under `<cache>/models/` (`sdq.dirs`) by a content hash of (config, qtype,
+seed, SYNTH_FORMAT_VERSION, vocabulary hash, llama-cpp-python version). A model is written to a
+temporary name in that folder and renamed only when complete, so a file with the final name is
+always finished; leftovers of interrupted builds are ignored and removed once their process is
+gone. Concurrent builds of one model wait for each other (file lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sdq.dirs import cache_subdir
+from sdq.errors import ParamsError, SdqError
+
+SYNTH_FORMAT_VERSION = 2  # bump whenever the bytes of a model change
+ARCH = "qwen3moe"
+K_QUANT_BLOCK = 256
+
+# qtype name -> llama_ftype number (llama.h); F32 and F16 are written directly.
+QTYPES = {
+    "F32": 0,
+    "F16": 1,
+    "Q4_0": 2,
+    "Q8_0": 7,
+    "Q4_K_S": 14,
+    "Q4_K_M": 15,
+    "Q5_K_M": 17,
+    "Q6_K": 18,
+}
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Dimensions of a synthetic qwen3moe model and the knobs of its routing construction."""
+
+    name: str = "custom"
+    n_embd: int = 256
+    n_layer: int = 2
+    n_expert: int = 8
+    n_expert_used: int = 2
+    expert_ffn: int = 256
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ctx_train: int = 4096
+    tied_embeddings: bool = False
+    rope_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    # routing construction (sdq.synth.weights)
+    route_rank: int = 8  # r: dimensions of the routing subspace
+    token_subgroups: int = 4  # hash subgroups per token class
+    route_std: float = 2.0  # spread of the token-dependent router logits
+    zipf: float = 0.5  # expert popularity bias: -zipf * ln(rank)
+    router_noise: float = 1.0  # spread of the full-rank (per-token noise) router logits
+    context_mix: float = 0.15  # gain of the attention context term inside the routing subspace
+    attn_noise: float = 0.5  # full-rank part of V and O
+    moe_gain: float = 1.0  # scale of expert down projections
+    logit_std: float = 3.0  # spread of the output logits
+
+    def validate(self) -> SynthConfig:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise ParamsError(f"synthetic model {self.name!r}: {what}")
+
+        for field in ("n_embd", "n_layer", "n_expert", "n_expert_used", "expert_ffn", "n_head"):
+            need(getattr(self, field) >= 1, f"{field} = {getattr(self, field)} must be >= 1")
+        need(self.n_head_kv >= 1, f"n_head_kv = {self.n_head_kv} must be >= 1")
+        need(
+            self.n_expert_used <= self.n_expert,
+            f"experts used {self.n_expert_used} > experts {self.n_expert}",
+        )
+        need(
+            self.n_head % self.n_head_kv == 0,
+            f"n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}",
+        )
+        need(self.head_dim % 2 == 0, f"head_dim {self.head_dim} must be even (RoPE)")
+        for field in ("n_embd", "expert_ffn"):
+            value = getattr(self, field)
+            need(value % 32 == 0, f"{field} = {value} must be a multiple of 32 (quant blocks)")
+        need(
+            (self.n_head * self.head_dim) % 32 == 0,
+            f"n_head * head_dim = {self.n_head * self.head_dim} must be a multiple of 32",
+        )
+        need(
+            1 <= self.route_rank <= min(self.head_dim, self.n_embd - 1),
+            f"route_rank {self.route_rank} must be in 1..min(head_dim, n_embd - 1)",
+        )
+        need(self.token_subgroups >= 1, f"token_subgroups {self.token_subgroups} must be >= 1")
+        return self
+
+    @property
+    def k_quant_ready(self) -> bool:
+        """True when every matrix row length is a multiple of 256 (no K-quant fallbacks)."""
+        rows = (self.n_embd, self.expert_ffn, self.n_head * self.head_dim)
+        return all(r % K_QUANT_BLOCK == 0 for r in rows)
+
+    def params(self) -> dict:
+        """Fields as a JSON-able dict (stored in the file and hashed for the cache name)."""
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, SynthConfig] = {
+    "tiny": SynthConfig(name="tiny"),
+    "mini": SynthConfig(
+        name="mini",
+        n_embd=2048,
+        n_layer=8,
+        n_expert=64,
+        n_expert_used=8,
+        expert_ffn=512,
+        n_head=32,
+        n_head_kv=4,
+        head_dim=128,
+        route_rank=16,
+    ),
+}
+
+
+def resolve_config(config: str | SynthConfig, **overrides) -> SynthConfig:
+    """A preset name or a config, with field overrides (the name becomes `<preset>-custom`)."""
+    if isinstance(config, str):
+        if config not in PRESETS:
+            raise ParamsError(f"unknown synthetic preset {config!r} (known: {', '.join(PRESETS)})")
+        config = PRESETS[config]
+    changes = {k: v for k, v in overrides.items() if v is not None and getattr(config, k) != v}
+    if changes:
+        name = changes.pop("name", None) or (
+            config.name if config.name.endswith("custom") else f"{config.name}-custom"
+        )
+        config = dataclasses.replace(config, name=name, **changes)
+    return config.validate()
+
+
+def _check_qtype(qtype: str) -> str:
+    q = qtype.upper()
+    if q not in QTYPES:
+        raise ParamsError(f"unknown qtype {qtype!r} (known: {', '.join(QTYPES)})")
+    return q
+
+
+def _llama_cpp():
+    """The llama_cpp module; a missing one is an error, never a silent skip."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise SdqError(
+            f"llama-cpp-python is not installed ({exc}); run `make setup` to build it"
+        ) from None
+    return llama_cpp
+
+
+def content_hash(config: SynthConfig, qtype: str, seed: int) -> str:
+    """Hex digest naming a model: everything that determines its bytes."""
+    from sdq.synth.vocab import LLAMA_CPP_PYTHON_VERSION, QWEN2_FILES, QWEN2_VOCAB
+
+    key = {
+        "format": SYNTH_FORMAT_VERSION,
+        "config": config.params(),
+        "qtype": _check_qtype(qtype),
+        "seed": int(seed),
+        "vocab_sha256": QWEN2_FILES[QWEN2_VOCAB],
+        # the quantizer's output can change between llama.cpp releases
+        "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION if qtype not in ("F32", "F16") else None,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def model_path(config: str | SynthConfig, qtype: str = "Q4_K_M", seed: int = 0) -> Path:
+    """Where the cached model for these parameters lives (whether built or not)."""
+    cfg = resolve_config(config)
+    q = _check_qtype(qtype)
+    digest = content_hash(cfg, q, seed)[:12]
+    return cache_subdir("models") / f"sdq-synth-{cfg.name}-{q}-seed{seed}-{digest}.gguf"
+
+
+def build_model(
+    config: str | SynthConfig = "tiny",
+    qtype: str = "Q4_K_M",
+    seed: int = 0,
+    *,
+    out: str | os.PathLike | None = None,
+    progress: bool = False,
+    nthread: int = 0,
+) -> Path:
+    """Build (or reuse) a synthetic model; returns the path of a finished .gguf file.
+
+    With `out`, the cached file is also copied (hard-linked where possible) to that path.
+    """
+    cfg = resolve_config(config)
+    q = _check_qtype(qtype)
+    seed = int(seed)
+    if seed < 0:
+        raise ParamsError(f"seed {seed} must be >= 0")
+    final = model_path(cfg, q, seed)
+    if not final.is_file():
+        with open(final.with_name(f".{final.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not final.is_file():  # another process may have finished it meanwhile
+                _remove_stale_temps(final)
+                _build(cfg, q, seed, final, progress=progress, nthread=nthread)
+    if out is not None:
+        return _place_copy(final, Path(out))
+    return final
+
+
+def _build(cfg: SynthConfig, q: str, seed: int, final: Path, *, progress: bool, nthread: int):
+    pid = os.getpid()
+    tmp = final.with_name(f".{final.name}.{pid}.tmp")
+    source = final.with_name(f".{final.name}.{pid}.src.tmp")
+    try:
+        if q in ("F32", "F16"):
+            write_gguf(cfg, seed, tmp, dtype=q, progress=progress, threads=nthread)
+        else:
+            _llama_cpp()  # fail before spending minutes on the F16 source
+            cached_f16 = model_path(cfg, "F16", seed)
+            if cached_f16.is_file():  # the F16 model is exactly the quantizer's input
+                quantize(cached_f16, tmp, q, progress=progress, nthread=nthread)
+            else:
+                write_gguf(cfg, seed, source, dtype="F16", progress=progress, threads=nthread)
+                quantize(source, tmp, q, progress=progress, nthread=nthread)
+                source.unlink()
+        os.replace(tmp, final)
+    finally:
+        for path in (tmp, source):
+            path.unlink(missing_ok=True)
+
+
+def _remove_stale_temps(final: Path) -> None:
+    """Delete temporary files of this model left by processes that no longer run."""
+    for path in final.parent.glob(f".{final.name}.*.tmp"):
+        try:
+            pid = int(path.name[len(final.name) + 2 :].split(".")[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _place_copy(src: Path, dst: Path) -> Path:
+    if dst.is_dir():
+        dst = dst / src.name
+    if dst.exists() and dst.samefile(src):
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
+# --- writing --------------------------------------------------------------------------------
+
+
+def tensor_plan(cfg: SynthConfig, dtype: str) -> list[tuple[str, tuple[int, ...], type]]:
+    """(name, NumPy shape, dtype) of every tensor, in file order."""
+    D, F, E, V = cfg.n_embd, cfg.expert_ffn, cfg.n_expert, _n_vocab()
+    H, Hkv, Dh = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    big = np.float16 if dtype == "F16" else np.float32
+    plan = [("token_embd.weight", (V, D), big)]
+    for i in range(cfg.n_layer):
+        b = f"blk.{i}."
+        plan += [
+            (b + "attn_norm.weight", (D,), np.float32),
+            (b + "attn_q.weight", (H * Dh, D), big),
+            (b + "attn_k.weight", (Hkv * Dh, D), big),
+            (b + "attn_v.weight", (Hkv * Dh, D), big),
+            (b + "attn_output.weight", (D, H * Dh), big),
+            (b + "attn_q_norm.weight", (Dh,), np.float32),
+            (b + "attn_k_norm.weight", (Dh,), np.float32),
+            (b + "ffn_norm.weight", (D,), np.float32),
+            (b + "ffn_gate_inp.weight", (E, D), np.float32),
+            (b + "ffn_gate_exps.weight", (E, F, D), big),
+            (b + "ffn_up_exps.weight", (E, F, D), big),
+            (b + "ffn_down_exps.weight", (E, D, F), big),
+        ]
+    plan.append(("output_norm.weight", (D,), np.float32))
+    if not cfg.tied_embeddings:
+        plan.append(("output.weight", (V, D), big))
+    return plan
+
+
+_VOCAB_CACHE: dict[str, object] = {}
+
+
+def _vocab():
+    if "v" not in _VOCAB_CACHE:
+        from sdq.synth.vocab import load_qwen2_vocab
+
+        _VOCAB_CACHE["v"] = load_qwen2_vocab()
+    return _VOCAB_CACHE["v"]
+
+
+def _n_vocab() -> int:
+    return _vocab().n_vocab
+
+
+def synth_weights(cfg: SynthConfig, seed: int):
+    """The weight generator for (config, seed): also used by tests and routing previews."""
+    from sdq.synth.weights import SynthWeights
+
+    if "classes" not in _VOCAB_CACHE:
+        _VOCAB_CACHE["classes"] = _token_classes(_vocab())
+    return SynthWeights(cfg, int(seed), _VOCAB_CACHE["classes"])
+
+
+def _token_classes(vocab) -> np.ndarray:
+    """[V] token classes, computed once per vocabulary and kept beside it in the cache."""
+    from sdq.synth.weights import CLASSES_VERSION, token_classes
+    from sdq.synth.vocab import vocab_dir
+
+    path = vocab_dir() / f"token-classes-{vocab.sha256[:12]}-v{CLASSES_VERSION}.npy"
+    if path.is_file():
+        classes = np.load(path)
+        if classes.shape == (vocab.n_vocab,):
+            return classes
+    classes = token_classes(vocab.tokens, vocab.token_types)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, classes)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return classes
+
+
+def write_gguf(
+    cfg: SynthConfig, seed: int, path: Path, *, dtype="F16", progress=False, threads: int = 0
+) -> None:
+    """Write the model in F16 or F32 (norms and routers always F32) to `path`."""
+    import gguf
+    from tqdm import tqdm
+
+    vocab = _vocab()
+    w = synth_weights(cfg, seed)
+    _ = w.basis, w.subgroup, w.centroids  # shared structure, made before the threads start
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    _add_metadata(writer, cfg, seed, vocab, dtype)
+    plan = tensor_plan(cfg, dtype)
+    for name, shape, dt in plan:
+        nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
+        writer.add_tensor_info(name, shape, np.dtype(dt), nbytes)
+    writer.write_header_to_file(Path(path))
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    total = sum(int(np.prod(s)) * np.dtype(d).itemsize for _, s, d in plan)
+    label = f"{cfg.name} {dtype}"
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not progress)
+    with bar, ThreadPoolExecutor(max(1, threads or os.cpu_count() or 1)) as pool:
+        for name, shape, dt in plan:
+            arr = _make_tensor(w, name, shape, dt, pool)
+            writer.write_tensor_data(arr)
+            bar.update(arr.nbytes)
+    writer.close()
+
+
+def _make_tensor(w, name: str, shape: tuple[int, ...], dt, pool) -> np.ndarray:
+    out = np.empty(shape, dt)  # filled in parallel slices: the draws release the GIL
+    if name in ("token_embd.weight", "output.weight"):
+        rows = w.embedding_rows if name == "token_embd.weight" else w.output_rows
+        step = 8192
+
+        def fill_rows(r0: int) -> None:
+            out[r0 : r0 + step] = rows(r0, min(r0 + step, shape[0]))
+
+        list(pool.map(fill_rows, range(0, shape[0], step)))
+        return out
+    if name.endswith("norm.weight"):
+        out[...] = 1.0
+        return out
+    layer = int(name.split(".")[1])
+    kind = name.split(".")[2]
+    if kind == "ffn_gate_inp":
+        out[...] = w.router(layer)
+    elif kind.startswith("attn_"):
+        out[...] = w.attention(layer)[kind]
+    else:  # ffn_{gate,up,down}_exps, one expert per task
+        part = kind[len("ffn_") : -len("_exps")]
+
+        def fill_expert(e: int) -> None:
+            out[e] = w.expert(layer, part, e)
+
+        list(pool.map(fill_expert, range(shape[0])))
+    return out
+
+
+def _add_metadata(writer, cfg: SynthConfig, seed: int, vocab, dtype: str) -> None:
+    writer.add_name(f"sdq synthetic {cfg.name}")
+    writer.add_file_type(QTYPES[dtype])
+    writer.add_context_length(cfg.n_ctx_train)
+    writer.add_embedding_length(cfg.n_embd)
+    writer.add_block_count(cfg.n_layer)
+    writer.add_feed_forward_length(cfg.expert_ffn * cfg.n_expert_used)
+    writer.add_expert_feed_forward_length(cfg.expert_ffn)
+    writer.add_head_count(cfg.n_head)
+    writer.add_head_count_kv(cfg.n_head_kv)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope_base)
+    writer.add_layer_norm_rms_eps(cfg.rms_eps)
+    writer.add_expert_count(cfg.n_expert)
+    writer.add_expert_used_count(cfg.n_expert_used)
+    writer.add_tokenizer_model(vocab.model)
+    writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.token_types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_bos_token_id(vocab.bos_id)
+    writer.add_eos_token_id(vocab.eos_id)
+    writer.add_pad_token_id(vocab.pad_id)
+    writer.add_add_bos_token(False)
+    if vocab.chat_template:
+        writer.add_chat_template(vocab.chat_template)
+    # provenance: survives quantization (llama.cpp copies all metadata)
+    writer.add_uint32("sdq.synth.format_version", SYNTH_FORMAT_VERSION)
+    writer.add_uint64("sdq.synth.seed", seed)
+    writer.add_string("sdq.synth.config", json.dumps(cfg.params(), sort_keys=True))
+    writer.add_string("sdq.synth.vocab_sha256", vocab.sha256)
+
+
+# --- quantizing -----------------------------------------------------------------------------
+
+
+def quantize(src: Path, dst: Path, qtype: str, *, progress: bool = False, nthread: int = 0):
+    """Quantize a F16/F32 GGUF with llama.cpp's quantizer (`llama_model_quantize`)."""
+    llama_cpp = _llama_cpp()
+    from tqdm import tqdm
+
+    q = _check_qtype(qtype)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = QTYPES[q]
+    params.nthread = nthread if nthread > 0 else (os.cpu_count() or 1)
+    result: dict[str, int] = {}
+
+    def work() -> None:
+        with _quiet_llama_log(llama_cpp):
+            result["rc"] = llama_cpp.llama_model_quantize(
+                str(src).encode(), str(dst).encode(), params
+            )
+
+    thread = threading.Thread(target=work, name="llama-quantize", daemon=True)  # Ctrl-C exits
+    thread.start()
+    # The quantizer is one C call; show its progress as the bytes it has written so far.
+    with tqdm(unit="B", unit_scale=True, desc=f"quantize {q}", disable=not progress) as bar:
+        while thread.is_alive():
+            thread.join(0.5)
+            size = dst.stat().st_size if dst.exists() else 0
+            bar.update(size - bar.n)
+    if result.get("rc") != 0:
+        raise SdqError(f"llama.cpp could not quantize {src.name} to {q} (code {result.get('rc')})")
+
+
+class _quiet_llama_log:
+    """Only errors from llama.cpp's log while quantizing (it prints a line per tensor)."""
+
+    def __init__(self, llama_cpp):
+        from llama_cpp import _logger
+
+        self.logger = _logger.logger
+
+    def __enter__(self):
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)
+        return False
