@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf.constants import GGML_QUANT_SIZES
+
+from sdq.format.quants import block_facts
 
 QUANTIZED = [QT.Q8_0, QT.Q4_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 FLOATS = [QT.F32, QT.F16, QT.BF16]
@@ -15,7 +16,7 @@ _F16_SCALES = {QT.Q8_0: [0], QT.Q4_0: [0], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.
 
 def random_matrix(rng: np.random.Generator, qtype: QT, rows: int, cols: int, scale=0.05):
     """uint8 [rows, row_bytes]: random quants, f16 scales uniform in (-scale, scale)."""
-    bs, ts = GGML_QUANT_SIZES[qtype]
+    bs, ts = block_facts(qtype)
     nb = rows * cols // bs
     if qtype in FLOATS:
         x = rng.standard_normal(rows * cols).astype(np.float32)

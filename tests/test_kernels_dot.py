@@ -13,19 +13,19 @@ import numba
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from gguf.constants import GGML_QUANT_SIZES
 from kernels_support import FLOATS, QUANTIZED, random_matrix
 
 from sdq.errors import UnsupportedError
 from sdq.kernels import dequantize, matmul, matmul_q, matvec, matvec_q, quantize_activation
 from sdq.kernels.dot import matmul_ref
+from sdq.kernels.quant import QK_K
 
 ALL = QUANTIZED + FLOATS
 
 
 def _shape(qtype):
-    bs = GGML_QUANT_SIZES[qtype][0]
-    return 37, (3 * 256 if bs > 1 else 3 * 256)  # rows not a power of two, 3 blocks of 256
+    """Rows not a power of two; 3 K-quant super-blocks of columns (whole blocks of any type)."""
+    return 37, 3 * QK_K
 
 
 def _bound(raw, qtype, rows, cols, X):

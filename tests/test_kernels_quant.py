@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
 from kernels_support import FLOATS, QUANTIZED, random_matrix
 
-from sdq.errors import UnsupportedError
+from sdq.errors import GGUFError, UnsupportedError
 from sdq.format.model import open_model
+from sdq.format.quants import block_facts
 from sdq.kernels import dequantize
 from sdq.kernels.quant import dequantize_ref
 
@@ -22,7 +22,7 @@ def _bits(a):
 @pytest.mark.parametrize("qtype", QUANTIZED + FLOATS, ids=lambda q: q.name)
 def test_dequantize_matches_gguf_bit_for_bit(qtype):
     rng = np.random.default_rng(int(qtype))
-    bs = GGML_QUANT_SIZES[qtype][0]
+    bs = block_facts(qtype).block_size
     rows, cols = 7, bs * 5 if bs > 1 else 96  # neither a power of two
     raw = random_matrix(rng, qtype, rows, cols)
     expected = gguf_dequantize(raw, qtype).reshape(rows, cols)
@@ -38,8 +38,8 @@ def test_dequantize_matches_gguf_bit_for_bit(qtype):
 def test_dequantize_extreme_scales(qtype):
     """Largest, subnormal and zero f16 scales still decode exactly."""
     rng = np.random.default_rng(1)
-    raw = random_matrix(rng, qtype, 4, GGML_QUANT_SIZES[qtype][0] * 3)
-    ts = GGML_QUANT_SIZES[qtype][1]
+    bs, ts = block_facts(qtype)
+    raw = random_matrix(rng, qtype, 4, bs * 3)
     blocks = raw.reshape(-1, ts)
     specials = np.array([65504.0, -65504.0, 6e-8, -6e-8, 0.0, 1e-5], dtype=np.float16)
     off = 208 if qtype == QT.Q6_K else 0
@@ -59,8 +59,12 @@ def test_unsupported_type_names_type_and_tensor():
 
 
 def test_bad_sizes_are_clear_errors():
-    with pytest.raises(UnsupportedError, match="not a multiple of the Q4_K block size 256"):
+    with pytest.raises(
+        GGUFError, match="row length 200 is not a multiple of the Q4_K block size 256"
+    ):
         dequantize(np.zeros(144, np.uint8), QT.Q4_K, 1, 200)
+    with pytest.raises(GGUFError, match=r"^tensor blk\.1\.attn_q\.weight: row length 200"):
+        dequantize(np.zeros(144, np.uint8), QT.Q4_K, 1, 200, name="blk.1.attn_q.weight")
     with pytest.raises(UnsupportedError, match="144 bytes given, 288 needed"):
         dequantize(np.zeros(144, np.uint8), QT.Q4_K, 2, 256)
 

@@ -12,23 +12,23 @@
 [rows, row_bytes]; F32/F16 tensors may also be given as float arrays). Activations are
 converted as ggml's CPU backend does (Q8_K for K-quants, Q8_0 for Q8_0/Q4_0, F16/BF16 for
 those float weights), see act_quant.py. Norms, RoPE, attention, router: sdq.kernels.ops.
+Quant types, block sizes and the types the kernels compute with (SUPPORTED_COMPUTE):
+sdq.format.quants; the block sizes the kernels are written for are named in quant.py.
 
 May import: sdq.format (quant facts) and the base modules; nothing that runs a model.
 """
 
 from sdq.kernels.act_quant import ACT_TYPE, QActivation, quantize_activation
 from sdq.kernels.dot import matmul, matmul_q, matvec, matvec_q
-from sdq.kernels.quant import SUPPORTED, dequantize, qtype_of
+from sdq.kernels.quant import dequantize
 
 __all__ = [
     "ACT_TYPE",
-    "SUPPORTED",
     "QActivation",
     "dequantize",
     "matmul",
     "matmul_q",
     "matvec",
     "matvec_q",
-    "qtype_of",
     "quantize_activation",
 ]

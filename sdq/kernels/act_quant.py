@@ -28,11 +28,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from sdq.errors import SdqError
+from sdq.format.quants import qtype_of
 from sdq.kernels.jit import inline, kernel
-from sdq.kernels.quant import QK_K, qtype_of
+from sdq.kernels.quant import QK8_0, QK_K
 from sdq.kernels.simd import round_f16
-
-QK8_0 = 32
 
 # The activation format each weight type is multiplied with (ggml's vec_dot_type).
 ACT_TYPE = {
@@ -172,7 +171,7 @@ def _round_bf16(x, out):
 
 def quantize_activation(x: np.ndarray, weight_qtype) -> QActivation:
     """Convert activations x [cols] or [T, cols] to the format ``weight_qtype`` multiplies."""
-    wt = qtype_of(weight_qtype)
+    wt = qtype_of(weight_qtype, compute=True)
     at = ACT_TYPE[wt]
     x2 = np.ascontiguousarray(x, dtype=np.float32)
     if x2.ndim == 1:

@@ -32,9 +32,23 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import prange
 
+from sdq.format.quants import qtype_of
 from sdq.kernels.act_quant import ACT_TYPE, QActivation, quantize_activation
 from sdq.kernels.jit import FLOAT_MATH, inline, kernel
-from sdq.kernels.quant import QK_K, as_bytes, dequantize, f16_at, kscale_min, qtype_of
+from sdq.kernels.quant import (
+    Q4_0_BYTES,
+    Q4_K_BYTES,
+    Q5_K_BYTES,
+    Q6_K_BYTES,
+    Q8_0_BYTES,
+    QK4_0,
+    QK8_0,
+    QK_K,
+    as_bytes,
+    dequantize,
+    f16_at,
+    kscale_min,
+)
 from sdq.kernels.simd import (
     HAVE_AVX2,
     dot_q4_0,
@@ -195,7 +209,7 @@ def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                dw, dmw = _unpack_q4_k(raw, (r * nb + b) * 144, w, mins)
+                dw, dmw = _unpack_q4_k(raw, (r * nb + b) * Q4_K_BYTES, w, mins)
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
                     _k_lanes(acc, t, d[t, b], dw, dmw, isum, mins, bs, b)
@@ -215,7 +229,7 @@ def _mm_q5_k(raw, rows, cols, qs, d, bs, out, nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                dw, dmw = _unpack_q5_k(raw, (r * nb + b) * 176, w, mins)
+                dw, dmw = _unpack_q5_k(raw, (r * nb + b) * Q5_K_BYTES, w, mins)
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
                     _k_lanes(acc, t, d[t, b], dw, dmw, isum, mins, bs, b)
@@ -235,7 +249,7 @@ def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                dw = _unpack_q6_k(raw, (r * nb + b) * 210, w, s)
+                dw = _unpack_q6_k(raw, (r * nb + b) * Q6_K_BYTES, w, s)
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
                     a = d[t, b] * dw
@@ -247,6 +261,7 @@ def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch):
 
 # ---------------------------------------------------------------------------------------
 # 32-value blocks x Q8_0. qs int8 [T, cols], d f32 [T, cols/32]
+# (Q4_0 weights are multiplied with Q8_0 activations: their blocks are the same QK8_0 values.)
 
 
 @inline
@@ -255,7 +270,7 @@ def _lanes_madd(acc, t, s, w, qs, x0):
 
     Like ggml's SIMD code this keeps per-lane float accumulators (summed once per row)
     instead of reducing every 32-value block to one number."""
-    for i in range(32):
+    for i in range(QK8_0):
         p = np.int32(np.int16(w[i]) * np.int16(qs[t, x0 + i]))
         acc[t, i] += s * np.float32(p)
 
@@ -263,7 +278,7 @@ def _lanes_madd(acc, t, s, w, qs, x0):
 @inline
 def _lanes_sum(acc, t):
     tot = np.float32(0.0)
-    for i in range(32):
+    for i in range(QK8_0):
         tot += acc[t, i]
     return tot
 
@@ -271,17 +286,17 @@ def _lanes_sum(acc, t):
 @kernel(parallel=True)
 def _mm_q8_0(raw, raw8, rows, cols, qs, d, out, nch):
     T = qs.shape[0]
-    nb = cols // 32
+    nb = cols // QK8_0
     for c in prange(nch):
-        acc = np.empty((T, 32), np.float32)
+        acc = np.empty((T, QK8_0), np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                o = (r * nb + b) * 34
+                o = (r * nb + b) * Q8_0_BYTES
                 dw = f16_at(raw, o)
-                w = raw8[U(o + 2) : U(o + 34)]
+                w = raw8[U(o + 2) : U(o + Q8_0_BYTES)]
                 for t in range(T):
-                    _lanes_madd(acc, t, dw * d[t, b], w, qs, b * 32)
+                    _lanes_madd(acc, t, dw * d[t, b], w, qs, b * QK8_0)
             for t in range(T):
                 out[t, r] = _lanes_sum(acc, t)
 
@@ -289,21 +304,21 @@ def _mm_q8_0(raw, raw8, rows, cols, qs, d, out, nch):
 @kernel(parallel=True)
 def _mm_q4_0(raw, rows, cols, qs, d, out, nch):
     T = qs.shape[0]
-    nb = cols // 32
+    nb = cols // QK4_0
     for c in prange(nch):
-        w = np.empty(32, np.int8)
-        acc = np.empty((T, 32), np.float32)
+        w = np.empty(QK4_0, np.int8)
+        acc = np.empty((T, QK8_0), np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                o = (r * nb + b) * 18
+                o = (r * nb + b) * Q4_0_BYTES
                 dw = f16_at(raw, o)
-                for i in range(16):
+                for i in range(QK4_0 // 2):
                     v = raw[U(o + 2 + i)]
                     w[i] = np.int8(np.int8(v & np.uint8(15)) - np.int8(8))
-                    w[16 + i] = np.int8(np.int8(v >> np.uint8(4)) - np.int8(8))
+                    w[QK4_0 // 2 + i] = np.int8(np.int8(v >> np.uint8(4)) - np.int8(8))
                 for t in range(T):
-                    _lanes_madd(acc, t, dw * d[t, b], w, qs, b * 32)
+                    _lanes_madd(acc, t, dw * d[t, b], w, qs, b * QK4_0)
             for t in range(T):
                 out[t, r] = _lanes_sum(acc, t)
 
@@ -335,7 +350,7 @@ def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
-                q4_k_rows(raw, r * nb * 144, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+                q4_k_rows(raw, r * nb * Q4_K_BYTES, nb, qs, d, bs, t, min(TILE, T - t), out, r)
 
 
 @kernel(parallel=True)
@@ -345,7 +360,7 @@ def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
-                q5_k_rows(raw, r * nb * 176, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+                q5_k_rows(raw, r * nb * Q5_K_BYTES, nb, qs, d, bs, t, min(TILE, T - t), out, r)
 
 
 @kernel
@@ -372,23 +387,23 @@ def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
-                q6_k_rows(raw, r * nb * 210, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+                q6_k_rows(raw, r * nb * Q6_K_BYTES, nb, qs, d, bs, t, min(TILE, T - t), out, r)
 
 
 @kernel(parallel=True)
 def _mm_q8_0_simd(raw, rows, cols, qs, d, out, nch):
     T = qs.shape[0]
-    nb = cols // 32
+    nb = cols // QK8_0
     for c in prange(nch):
         acc = np.empty(T, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                o = (r * nb + b) * 34
-                _prefetch(raw, o, 34)
+                o = (r * nb + b) * Q8_0_BYTES
+                _prefetch(raw, o, Q8_0_BYTES)
                 dw = load_f16(raw, o)
                 for t in range(T):
-                    isum = dot_q8_0(raw, o, qs, t * cols + b * 32)
+                    isum = dot_q8_0(raw, o, qs, t * cols + b * QK8_0)
                     acc[t] += (dw * d[t, b]) * np.float32(isum)
             for t in range(T):
                 out[t, r] = acc[t]
@@ -397,17 +412,17 @@ def _mm_q8_0_simd(raw, rows, cols, qs, d, out, nch):
 @kernel(parallel=True)
 def _mm_q4_0_simd(raw, rows, cols, qs, d, out, nch):
     T = qs.shape[0]
-    nb = cols // 32
+    nb = cols // QK4_0
     for c in prange(nch):
         acc = np.empty(T, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
-                o = (r * nb + b) * 18
-                _prefetch(raw, o, 18)
+                o = (r * nb + b) * Q4_0_BYTES
+                _prefetch(raw, o, Q4_0_BYTES)
                 dw = load_f16(raw, o)
                 for t in range(T):
-                    isum = dot_q4_0(raw, o, qs, t * cols + b * 32)
+                    isum = dot_q4_0(raw, o, qs, t * cols + b * QK4_0)
                     acc[t] += (dw * d[t, b]) * np.float32(isum)
             for t in range(T):
                 out[t, r] = acc[t]
@@ -478,7 +493,7 @@ def matmul_q(
 
     ``portable=True`` forces the plain-Numba kernels even where the SIMD ones can run (the
     two give identical results; tests compare them)."""
-    qt = qtype_of(qtype)
+    qt = qtype_of(qtype, compute=True)
     if qx.cols != cols:
         raise ValueError(f"activation length {qx.cols} != weight columns {cols}")
     if qx.qtype is not ACT_TYPE[qt]:
@@ -569,7 +584,7 @@ def matmul_ref(raw, qtype, rows: int, cols: int, X: np.ndarray) -> np.ndarray:
     Activations go through the same conversion as the kernels, so the only difference from
     the kernels is summation order and f32 rounding of partial sums.
     """
-    qt = qtype_of(qtype)
+    qt = qtype_of(qtype, compute=True)
     qx = quantize_activation(np.atleast_2d(np.asarray(X, dtype=np.float32)), qt)
     w = dequantize(raw, qt, rows, cols).astype(np.float64)  # [rows, cols]
     if qx.xf is not None:

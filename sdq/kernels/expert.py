@@ -26,9 +26,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from sdq.errors import SdqError
+from sdq.format.quants import qtype_of
 from sdq.kernels.act_quant import QActivation, _quantize_q8_k
 from sdq.kernels.jit import inline, kernel
-from sdq.kernels.quant import QK_K, qtype_of
+from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K
 from sdq.kernels.simd import HAVE_AVX2
 from sdq.kernels.simd_mm import TILE, q4_k_rows, q5_k_rows, q6_k_rows
 
@@ -37,7 +38,7 @@ _KIND = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}  # weight type -> kind passed to th
 
 def supported(*qtypes) -> bool:
     """True when expert_ffn can run experts with these (gate, up, down) weight types."""
-    return HAVE_AVX2 and all(qtype_of(q) in _KIND for q in qtypes)
+    return HAVE_AVX2 and all(qtype_of(q, compute=True) in _KIND for q in qtypes)
 
 
 ALIGN = 64  # bytes: each QBlocks array starts on a cache line (the tiles' 32-byte loads from
@@ -95,7 +96,7 @@ def _product_q4_k(raw, rows, cols, n, qs, d, bs, out):
     nb = cols // QK_K
     for r in range(rows):
         for t in range(0, n, TILE):
-            q4_k_rows(raw, r * nb * 144, nb, qs, d, bs, t, min(TILE, n - t), out, r)
+            q4_k_rows(raw, r * nb * Q4_K_BYTES, nb, qs, d, bs, t, min(TILE, n - t), out, r)
 
 
 @kernel
@@ -103,7 +104,7 @@ def _product_q5_k(raw, rows, cols, n, qs, d, bs, out):
     nb = cols // QK_K
     for r in range(rows):
         for t in range(0, n, TILE):
-            q5_k_rows(raw, r * nb * 176, nb, qs, d, bs, t, min(TILE, n - t), out, r)
+            q5_k_rows(raw, r * nb * Q5_K_BYTES, nb, qs, d, bs, t, min(TILE, n - t), out, r)
 
 
 @kernel
@@ -111,7 +112,7 @@ def _product_q6_k(raw, rows, cols, n, qs, d, px, out):
     nb = cols // QK_K
     for r in range(rows):
         for t in range(0, n, TILE):
-            q6_k_rows(raw, r * nb * 210, nb, qs, d, px, t, min(TILE, n - t), out, r)
+            q6_k_rows(raw, r * nb * Q6_K_BYTES, nb, qs, d, px, t, min(TILE, n - t), out, r)
 
 
 @inline
@@ -177,7 +178,7 @@ def _expert_ffn(
 def _kinds(qtypes: tuple, _memo: dict = {}):  # noqa: B006 (a cache)
     got = _memo.get(qtypes)
     if got is None:
-        got = _memo[qtypes] = tuple(_KIND[qtype_of(q)] for q in qtypes)
+        got = _memo[qtypes] = tuple(_KIND[qtype_of(q, compute=True)] for q in qtypes)
     return got
 
 

@@ -13,6 +13,10 @@ Block layouts (bytes per block / values per block), as stored in GGUF files:
                 16 values per scale: x = (d * sc) * (q - 32)
 - F32 / F16 / BF16: plain arrays (BF16 = the top 16 bits of an f32).
 
+The block sizes (values and bytes) are the constants below (QK_K, QK8_0, Q4_K_BYTES, ...),
+taken from sdq.format.quants' table and shared by every kernel module; the offsets inside a
+block are the layouts above.
+
 The float operations happen in the same order, in float32, as in gguf-py's reference, so
 results are bit-identical (fastmath is off for these kernels, see jit.py). Each Numba kernel
 has a NumPy reference (``*_ref``) beside it; tests compare them bit for bit.
@@ -24,54 +28,26 @@ import math
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf.constants import GGML_QUANT_SIZES
 
 from sdq.errors import UnsupportedError
+from sdq.format.quants import block_facts, qtype_of, row_bytes
 from sdq.kernels.jit import inline, kernel
 
-# Types the kernels compute with.
-SUPPORTED = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
-
-QK_K = 256  # values per K-quant super-block
-
-
-_SUPPORTED_BY_KEY = {**{t: t for t in SUPPORTED}, **{int(t): t for t in SUPPORTED}}
-
-
-def qtype_of(qtype, name: str | None = None) -> QT:
-    """Normalise ``qtype`` (enum, int or name) and reject types the kernels do not handle."""
-    qt = _SUPPORTED_BY_KEY.get(qtype) if not isinstance(qtype, str) else None
-    if qt is not None:  # the common case, once per matrix product: one dict lookup
-        return qt
-    try:
-        if isinstance(qtype, str):
-            qt = QT[qtype.upper()]
-        else:
-            qt = QT(int(qtype))
-    except (KeyError, ValueError):
-        where = f" (tensor {name})" if name else ""
-        raise UnsupportedError(f"unknown ggml type {qtype!r}{where}") from None
-    if qt not in SUPPORTED:
-        where = f" of tensor {name}" if name else ""
-        names = ", ".join(t.name for t in SUPPORTED)
-        raise UnsupportedError(f"ggml type {qt.name}{where} is not supported (supported: {names})")
-    return qt
+# Block sizes the kernels are written for, from sdq.format.quants' table (Numba compiles
+# module-level ints as constants, so a name costs nothing over the literal).
+QK_K = block_facts(QT.Q4_K).block_size  # values per K-quant super-block (256)
+QK8_0 = block_facts(QT.Q8_0).block_size  # values per Q8_0 block (32)
+QK4_0 = block_facts(QT.Q4_0).block_size  # values per Q4_0 block (32)
+Q8_0_BYTES = block_facts(QT.Q8_0).type_size  # 34
+Q4_0_BYTES = block_facts(QT.Q4_0).type_size  # 18
+Q4_K_BYTES = block_facts(QT.Q4_K).type_size  # 144
+Q5_K_BYTES = block_facts(QT.Q5_K).type_size  # 176
+Q6_K_BYTES = block_facts(QT.Q6_K).type_size  # 210
 
 
-def block_facts(qtype: QT) -> tuple[int, int]:
-    """(values per block, bytes per block)."""
-    return GGML_QUANT_SIZES[qtype]
-
-
-def row_nbytes(qtype: QT, cols: int, name: str | None = None) -> int:
-    """Bytes of one row of ``cols`` values; cols must be a whole number of blocks."""
-    bs, ts = GGML_QUANT_SIZES[qtype]
-    if cols % bs:
-        where = f" of tensor {name}" if name else ""
-        raise UnsupportedError(
-            f"row length {cols}{where} is not a multiple of the {qtype.name} block size {bs}"
-        )
-    return cols // bs * ts
+def _tensor(name: str | None) -> str | None:
+    """How the quant table's errors name a kernel's weight matrix."""
+    return f"tensor {name}" if name else None
 
 
 def as_bytes(raw: np.ndarray, qtype: QT, rows: int, cols: int, name: str | None = None):
@@ -84,14 +60,14 @@ def as_bytes(raw: np.ndarray, qtype: QT, rows: int, cols: int, name: str | None 
         and raw.ndim == 1
         and raw.dtype == np.uint8
         and not raw.flags.writeable
-        and raw.size == rows * row_nbytes(qtype, cols, name)
+        and raw.size == rows * row_bytes(qtype, cols, _tensor(name) or "weights")
     ):
         return raw  # already what the kernels take (e.g. the view returned last time)
     raw = np.asarray(raw)
     if not raw.flags.c_contiguous:
         raw = np.ascontiguousarray(raw)
     flat = raw.reshape(-1).view(np.uint8)
-    need = rows * row_nbytes(qtype, cols, name)
+    need = rows * row_bytes(qtype, cols, _tensor(name) or "weights")
     if flat.size < need:
         where = f" for tensor {name}" if name else ""
         raise UnsupportedError(
@@ -139,33 +115,33 @@ def kscale_min(s, o, j):
 
 @kernel
 def dequant_q8_0(raw, out):
-    nb = out.size // 32
+    nb = out.size // QK8_0
     for b in range(nb):
-        o = b * 34
+        o = b * Q8_0_BYTES
         d = f16_at(raw, o)
-        for i in range(32):
+        for i in range(QK8_0):
             q = np.int32(raw[o + 2 + i])
             q = q - 256 if q > 127 else q
-            out[b * 32 + i] = np.float32(q) * d
+            out[b * QK8_0 + i] = np.float32(q) * d
 
 
 @kernel
 def dequant_q4_0(raw, out):
-    nb = out.size // 32
+    nb = out.size // QK4_0
     for b in range(nb):
-        o = b * 18
+        o = b * Q4_0_BYTES
         d = f16_at(raw, o)
-        for i in range(16):
+        for i in range(QK4_0 // 2):
             v = np.int32(raw[o + 2 + i])
-            out[b * 32 + i] = d * np.float32((v & 0xF) - 8)
-            out[b * 32 + 16 + i] = d * np.float32((v >> 4) - 8)
+            out[b * QK4_0 + i] = d * np.float32((v & 0xF) - 8)
+            out[b * QK4_0 + QK4_0 // 2 + i] = d * np.float32((v >> 4) - 8)
 
 
 @kernel
 def dequant_q4_k(raw, out):
     nb = out.size // QK_K
     for b in range(nb):
-        o = b * 144
+        o = b * Q4_K_BYTES
         d = f16_at(raw, o)
         dmin = f16_at(raw, o + 2)
         for j in range(8):
@@ -183,7 +159,7 @@ def dequant_q4_k(raw, out):
 def dequant_q5_k(raw, out):
     nb = out.size // QK_K
     for b in range(nb):
-        o = b * 176
+        o = b * Q5_K_BYTES
         d = f16_at(raw, o)
         dmin = f16_at(raw, o + 2)
         for j in range(8):
@@ -203,7 +179,7 @@ def dequant_q5_k(raw, out):
 def dequant_q6_k(raw, out):
     nb = out.size // QK_K
     for b in range(nb):
-        o = b * 210
+        o = b * Q6_K_BYTES
         d = f16_at(raw, o + 208)
         for n in range(QK_K):
             h = n >> 7  # which 128-value half
@@ -228,9 +204,10 @@ def dequantize(raw, qtype, rows: int, cols: int, name: str | None = None) -> np.
     """Float32 [rows, cols] values of a GGUF matrix given its raw bytes.
 
     ``raw``: uint8 [rows, row_bytes] or flat (a memmap view or an arena slot), or an
-    F32/F16 array as returned for float tensors. Any other type raises UnsupportedError.
+    F32/F16 array as returned for float tensors. Any other type raises UnsupportedError;
+    a row length that is not a whole number of blocks, GGUFError.
     """
-    qt = qtype_of(qtype, name)
+    qt = qtype_of(qtype, _tensor(name), compute=True)
     flat = as_bytes(raw, qt, rows, cols, name)
     if qt == QT.F32:
         return flat.view(np.float32).reshape(rows, cols).copy()
@@ -248,9 +225,8 @@ def dequantize(raw, qtype, rows: int, cols: int, name: str | None = None) -> np.
 
 
 def _blocks(raw, qtype):
-    bs, ts = block_facts(qtype)
     flat = np.asarray(raw).reshape(-1).view(np.uint8)
-    return flat.reshape(-1, ts)
+    return flat.reshape(-1, block_facts(qtype).type_size)
 
 
 def _f16(b):  # [nb, 2] uint8 -> [nb, 1] float32
@@ -287,7 +263,7 @@ def dequant_q4_k_ref(raw):
     blk = _blocks(raw, QT.Q4_K)
     d, dmin = _f16(blk[:, 0:2]), _f16(blk[:, 2:4])
     sc, mn = _kscales_ref(blk[:, 4:16])
-    q = _q4_nibbles(blk[:, 16:144]).astype(np.float32)
+    q = _q4_nibbles(blk[:, 16:Q4_K_BYTES]).astype(np.float32)
     dl = (d * sc.astype(np.float32))[:, :, None]
     ml = (dmin * mn.astype(np.float32))[:, :, None]
     return (dl * q - ml).reshape(-1)
@@ -298,7 +274,7 @@ def dequant_q5_k_ref(raw):
     d, dmin = _f16(blk[:, 0:2]), _f16(blk[:, 2:4])
     sc, mn = _kscales_ref(blk[:, 4:16])
     qh = blk[:, 16:48].astype(np.int32)[:, None, :] >> np.arange(8).reshape(1, 8, 1)
-    q = (_q4_nibbles(blk[:, 48:176]) | ((qh & 1) << 4)).astype(np.float32)
+    q = (_q4_nibbles(blk[:, 48:Q5_K_BYTES]) | ((qh & 1) << 4)).astype(np.float32)
     dl = (d * sc.astype(np.float32))[:, :, None]
     ml = (dmin * mn.astype(np.float32))[:, :, None]
     return (dl * q - ml).reshape(-1)
@@ -312,7 +288,7 @@ def dequant_q6_k_ref(raw):
     hi = (qh >> np.array([0, 2, 4, 6]).reshape(1, 1, 4, 1)) & 3  # [nb, 2, 4, 32]
     q = lo.reshape(-1, QK_K) | (hi.reshape(-1, QK_K) << 4)
     sc = blk[:, 192:208].view(np.int8).astype(np.float32)  # [nb, 16]
-    d = _f16(blk[:, 208:210])
+    d = _f16(blk[:, 208:Q6_K_BYTES])
     ds = np.repeat(d * sc, 16, axis=1)  # [nb, 256]
     return (ds * (q - 32).astype(np.float32)).reshape(-1)
 
@@ -328,7 +304,7 @@ DEQUANT_REFS = {
 
 def dequantize_ref(raw, qtype, rows: int, cols: int) -> np.ndarray:
     """NumPy reference of :func:`dequantize` (float types are plain conversions)."""
-    qt = qtype_of(qtype)
+    qt = qtype_of(qtype, compute=True)
     flat = as_bytes(raw, qt, rows, cols)
     if qt in (QT.F32, QT.F16, QT.BF16):
         return dequantize(flat, qt, rows, cols)

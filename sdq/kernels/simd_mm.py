@@ -38,12 +38,15 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K
 from sdq.kernels.simd import _Emit, _i8, _i16, _i32, _V8x32, _V16x8, _V16x16
 
 # Bytes: the weights are requested this far ahead of use (see dot.PREFETCH_AHEAD's note;
 # kept equal to it there).
 PREFETCH_AHEAD = 8192
 TILE = 8  # most tokens per tile (prefill)
+# Bytes of one block's Q8_K block sums in the bs argument (16 int16 sums of 16 quants each).
+_BSUM_BYTES = QK_K // 16 * 2
 
 _i64 = ir.IntType(64)
 _f32 = ir.FloatType()
@@ -130,7 +133,7 @@ class _Gen(_Emit):
 
 def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
     """One row of Q4_K (five_bit False) or Q5_K blocks for a tile of n tokens."""
-    bpb = 176 if five_bit else 144  # bytes per block
+    bpb = Q5_K_BYTES if five_bit else Q4_K_BYTES  # bytes per block
     qoff = 48 if five_bit else 16  # offset of the 4-bit quants in the block
     b = g.b
     ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
@@ -146,7 +149,7 @@ def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
         g.prefetch_block(o, bpb)
         scales, mins = g.kscales(o)
         dw, dmw = g.load_half(_RAW, o), g.load_half(_RAW, g.off(o, 2))
-        xb = b.mul(blk, g.i64(256))  # this block's first activation (byte offset)
+        xb = b.mul(blk, g.i64(QK_K))  # this block's first activation (byte offset)
         qh = g.load(_RAW, g.off(o, 16)) if five_bit else None
         zero = ir.Constant(_V8x32, None)
         sums = [[zero] * _chains(n) for _ in range(n)]  # per token: <8 x i32> running sums
@@ -171,7 +174,7 @@ def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
         dw_v, dmw_v = g.fsplat(dw), g.fsplat(dmw)  # shared by the tile's tokens
         for j in range(n):
             dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
-            bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(32))), _V16x16)
+            bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(_BSUM_BYTES))), _V16x16)
             msum = g.maddwd(bs16, mins)  # lane k: m_k * (sum of sub-block k's quants)
             block = b.fsub(
                 b.fmul(dw_v, b.sitofp(isum[j], _V8f)), b.fmul(dmw_v, b.sitofp(msum, _V8f))
@@ -198,11 +201,11 @@ def _emit_q6_k(g: _Gen, n: int) -> None:
     m4, m2 = g.splat(15), g.splat(3)
     with cgutils.for_range(b, nb) as loop:
         blk = loop.index
-        o = b.add(ro, b.mul(blk, g.i64(210)))
-        g.prefetch_block(o, 210)
+        o = b.add(ro, b.mul(blk, g.i64(Q6_K_BYTES)))
+        g.prefetch_block(o, Q6_K_BYTES)
         scales = b.sext(g.load(_RAW, g.off(o, 192), _V16x8), _V16x16)  # 16 signed scales
         dw = g.load_half(_RAW, g.off(o, 208))
-        xb = b.mul(blk, g.i64(256))
+        xb = b.mul(blk, g.i64(QK_K))
         zero = ir.Constant(_V8x32, None)
         sums = [[zero] * _chains(n) for _ in range(n)]  # per token: <8 x i32> running sums
         for h in range(2):  # two halves of 128 values
