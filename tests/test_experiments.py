@@ -23,8 +23,6 @@ from sdq.measure.experiments.suites import Settings
 from sdq.measure.experiments.summary import spread, summarize
 from sdq.measure.limits import MemoryLimit
 
-MB = 1 << 20
-
 
 def _configs(model, labels=("A", "B", "C")):
     return [

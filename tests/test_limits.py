@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from sdq.measure import limits
 from sdq.errors import ParamsError
+from sdq.measure import limits
+from sdq.units import MIB
 
-MB = 1 << 20
 # allocates and touches n MiB, then prints "ok"
 TOUCH = (
     "import sys; n = int(sys.argv[1]) << 20; b = bytearray(n)\n"
@@ -29,19 +29,19 @@ def _child(mb: int, **kw) -> subprocess.CompletedProcess:
 
 def test_memory_limit_checks_its_settings():
     assert limits.MemoryLimit().method == "none"
-    assert limits.MemoryLimit.mb("rlimit_data", 512).limit_bytes == 512 * MB
+    assert limits.MemoryLimit.mb("rlimit_data", 512).limit_bytes == 512 * MIB
     assert limits.MemoryLimit.mb("cgroup", 256).limit_mb == 256
     with pytest.raises(ParamsError, match="expected one of"):
-        limits.MemoryLimit("ulimit", MB)
+        limits.MemoryLimit("ulimit", MIB)
     with pytest.raises(ParamsError, match=">= 1 MiB"):
         limits.MemoryLimit("rlimit_data", None)
 
 
 def test_rlimit_data_makes_a_large_allocation_fail_with_memory_error():
-    capped = _child(400, preexec_fn=limits.rlimit_data_preexec(200 * MB))
+    capped = _child(400, preexec_fn=limits.rlimit_data_preexec(200 * MIB))
     assert capped.returncode == 1
     assert "MemoryError" in capped.stderr
-    free = _child(50, preexec_fn=limits.rlimit_data_preexec(400 * MB))
+    free = _child(50, preexec_fn=limits.rlimit_data_preexec(400 * MIB))
     assert free.returncode == 0 and free.stdout.strip() == "ok"
 
 
@@ -50,20 +50,20 @@ CGROUP_OK, CGROUP_WHY = limits.cgroup_status()
 
 @pytest.mark.skipif(not CGROUP_OK, reason=f"cgroup v1 memory limit not usable here: {CGROUP_WHY}")
 def test_cgroup_limit_kills_a_child_past_it_and_is_removed():
-    with limits.MemoryCgroup(64 * MB) as cg:
+    with limits.MemoryCgroup(64 * MIB) as cg:
         path = cg.path
-        assert (path / "memory.limit_in_bytes").read_text().strip() == str(64 * MB)
+        assert (path / "memory.limit_in_bytes").read_text().strip() == str(64 * MIB)
         p = _child(256, preexec_fn=cg.preexec)
         assert p.returncode == -signal.SIGKILL
         assert cg.oom_kills() >= 1
-        assert cg.peak_bytes() >= 60 * MB
+        assert cg.peak_bytes() >= 60 * MIB
     assert not path.exists()
 
 
 @pytest.mark.skipif(not CGROUP_OK, reason=f"cgroup v1 memory limit not usable here: {CGROUP_WHY}")
 def test_cgroup_child_runs_inside_the_group_under_the_limit():
     show = "print(open('/proc/self/cgroup').read())"
-    with limits.MemoryCgroup(256 * MB) as cg:
+    with limits.MemoryCgroup(256 * MIB) as cg:
         p = subprocess.run(
             [sys.executable, "-c", show], capture_output=True, text=True, preexec_fn=cg.preexec
         )
@@ -78,7 +78,7 @@ def test_cgroup_status_explains_a_missing_controller(tmp_path):
     ok, why = limits.cgroup_status(tmp_path)
     assert not ok and "no cgroup v1 memory controller" in why
     with pytest.raises(ParamsError, match="memory limit cgroup"):
-        limits.MemoryCgroup(64 * MB, root=tmp_path)
+        limits.MemoryCgroup(64 * MIB, root=tmp_path)
 
 
 def test_own_memory_cgroup_parses_proc_cgroup(tmp_path):
@@ -91,9 +91,9 @@ def test_own_memory_cgroup_parses_proc_cgroup(tmp_path):
 
 def test_drop_file_cache_empties_the_files_pages(tmp_path):
     path = tmp_path / "data.bin"
-    path.write_bytes(os.urandom(8 * MB))
+    path.write_bytes(os.urandom(8 * MIB))
     with open(path, "rb") as f:
-        while f.read(MB):
+        while f.read(MIB):
             pass
     before = limits.file_resident_fraction(path)
     if before == 0:

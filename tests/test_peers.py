@@ -212,3 +212,20 @@ def test_rlimit_data_fallback_runs_and_says_so(tiny_model):
     assert row["status"] == "ok", row["status"]
     assert row["limit_method"] == "rlimit_data" and row["cache"] == "cold"
     assert "cgroup_peak_mb" not in row  # no group: no page-cache accounting to report
+
+
+def test_peer_settings_from_and_to_run_settings(tiny_model):
+    from sdq.measure.peers import PeerSettings
+    from sdq.run.settings import RunSettings
+
+    run = RunSettings(
+        model=str(tiny_model), n_ctx=64, n_ubatch=128, threads=3, n_predict=5, reserve_mb=50.0
+    )
+    s = PeerSettings.from_run(run, "Hello", omp_wait_policy="ACTIVE")
+    assert (s.tokens, s.threads, s.ctx, s.ubatch, s.reserve_mb) == (5, 3, 64, 64, 50.0)
+    assert s.prompt_ids and s.omp_wait_policy == "ACTIVE" and s.sdq_cache_mode == "pagecache"
+    child = s.run_settings(resident=False, budget_mib=700.0)
+    assert (child.n_predict, child.n_ctx, child.n_ubatch, child.threads) == (5, 64, 64, 3)
+    assert child.ram_budget_mb == 700.0 and child.reserve_mb == 50.0 and not child.stop_at_eos
+    assert child.sampler.temp == 0.0
+    assert s.run_settings(resident=True, budget_mib=None).reserve_mb is None

@@ -1,6 +1,7 @@
 """The CLI's subcommands, one module each (`sdq.commands.<name>`); `bench/` holds one
 module per benchmark. Each module defines `add_arguments(parser)` and `run(args) -> int` and
-keeps its top-level imports light so that `sdq --help` stays fast.
+keeps its top-level imports light so that `sdq --help` stays fast. `run_flags.py` is no command:
+it declares the flags that set a generation run, once, for chat and the benches.
 
 May import every other folder of sdq; nothing in sdq imports it but `sdq.cli`.
 """

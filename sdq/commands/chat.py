@@ -8,73 +8,30 @@ from it; only then is the expert arena created with the slots that are left.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import sys
 
+from sdq.commands.run_flags import add_run_arguments
 from sdq.errors import ParamsError
-
-CACHE_MODES = ("direct", "dontneed", "pagecache")
-IO_MODES = ("serial", "parallel", "split")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
     p.add_argument("-p", "--prompt", default="", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from this file")
-    p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context length (KV cache)")
-    p.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1, help="threads")
-    p.add_argument(
-        "-b", "--ubatch", type=int, default=128, help="prompt tokens per forward pass (ubatch)"
-    )
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ignore-eos", action="store_true", help="generate all -n tokens")
-    p.add_argument(
-        "--ram-budget-mb", type=float, help="RAM the whole process may use (default: available)"
-    )
-    p.add_argument("--reserve-mb", type=float, help="RAM kept free inside the budget")
-    p.add_argument("--max-slots", type=int, help="cap the expert arena at this many slots")
-    p.add_argument("--io-threads", type=int, help="expert read threads (default 3 x threads)")
-    p.add_argument("--io-mode", choices=IO_MODES, help="how an expert is read (default parallel)")
-    p.add_argument("--io-split", type=int, help="pieces per segment (--io-mode split; default 1)")
-    p.add_argument(
-        "--io-profile",
-        help="I/O settings recommended by `sdq probe --profile-out` (explicit flags win)",
-    )
-    p.add_argument("--cache-mode", choices=CACHE_MODES, default="pagecache")
-    p.add_argument(
-        "--cache-policy",
-        choices=("auto", "lru", "lrfu_bypass", "layer_lrfu"),
-        default="auto",
-        help="expert replacement: lrfu_bypass keeps frequently routed experts and streams the "
-        "rest, layer_lrfu evicts from the layer visited farthest ahead; auto (default): "
-        "lrfu_bypass when the arena holds fewer than one token's experts, else layer_lrfu",
-    )
-    p.add_argument(
-        "--prefetch-next",
-        type=int,
-        metavar="N",
-        help="decode: guess the next layer's experts with its router and start reading the N "
-        "most probable (default: 3/4 of the experts a token uses; 0: off)",
-    )
-    p.add_argument(
-        "--resident", action="store_true", help="copy every expert into RAM (no pager, no budget)"
-    )
-    p.add_argument("--route-log", help="write each token's experts per layer (JSON lines)")
+    add_run_arguments(p)
     p.add_argument("--profile", action="store_true", help="time per op category (table T11)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
 
 
 def run(args) -> int:
     from sdq.run.session import open_session
+    from sdq.run.settings import RunSettings
 
     prompt = _prompt(args)
-    _check_args(args)
-    with open_session(args) as s:
+    settings = _checked(RunSettings.from_args(args))
+    with open_session(settings) as s:
         prompt_ids = s.tokenizer.encode(prompt)
         on_text = None if args.json else _printer()
         g = s.generate(prompt_ids, on_text=on_text)
@@ -109,39 +66,23 @@ def _prompt(args) -> str:
     return args.prompt
 
 
-def _check_args(args) -> None:
-    _apply_io_profile(args)
-    for flag, value, low in (
-        ("-n", args.n_predict, 1),
-        ("-c", args.ctx_size, 1),
-        ("-t", args.threads, 1),
-        ("-b", args.ubatch, 1),
-        ("--io-split", args.io_split, 1),
+def _checked(settings):
+    """`settings` if every count is in range (ParamsError naming the flag if not), with the
+    ubatch cut to the context: a ubatch never exceeds the context."""
+    s = settings
+    for flag, value in (
+        ("-n", s.n_predict),
+        ("-c", s.n_ctx),
+        ("-t", s.threads),
+        ("-b", s.n_ubatch),
+        ("--io-split", s.io_split),
     ):
-        if value < low:
-            raise ParamsError(f"{flag} {value} must be >= {low}")
-    for flag, value in (("--io-threads", args.io_threads), ("--max-slots", args.max_slots)):
+        if value < 1:
+            raise ParamsError(f"{flag} {value} must be >= 1")
+    for flag, value in (("--io-threads", s.io_threads), ("--max-slots", s.max_slots)):
         if value is not None and value < 1:
             raise ParamsError(f"{flag} {value} must be >= 1")
-    args.ubatch = min(args.ubatch, args.ctx_size)  # a ubatch never exceeds the context
-
-
-def _apply_io_profile(args) -> None:
-    """Fill --io-threads / --io-split / --io-mode from --io-profile where not given."""
-    if getattr(args, "io_profile", None):
-        from sdq.paging.io_profile import load_io_profile
-
-        profile = load_io_profile(args.io_profile)
-        if args.io_threads is None:
-            args.io_threads = profile.io_threads
-        if args.io_split is None:
-            args.io_split = profile.io_split
-        if args.io_mode is None and args.io_split > 1:
-            args.io_mode = "split"
-    if args.io_split is None:
-        args.io_split = 1
-    if args.io_mode is None:
-        args.io_mode = "parallel"
+    return dataclasses.replace(s, n_ubatch=min(s.n_ubatch, s.n_ctx))
 
 
 def _printer():

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from sdq.measure.limits import METHODS
+from sdq.paging.reads import CACHE_MODES
+
 SUITE_CHOICES = ("io", "threads", "split", "memory", "reserve", "layer-miss", "profile", "all")
 MEMORY_SUITES = ("memory", "reserve")
 SECTIONS = {"io": "03_io_ab", "memory": "04_memory_sweep"}
@@ -22,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, help="repeats per configuration (default: params, 3)")
     p.add_argument("--out", required=True, help="folder for the journals and summaries")
     p.add_argument("--params", help="parameter file (params/<set>.yaml) with the suite settings")
-    p.add_argument("--limit", choices=("none", "rlimit_data", "cgroup"), help="RAM limit method")
-    p.add_argument("--cache-mode", choices=("pagecache", "dontneed", "direct"))
+    p.add_argument("--limit", choices=METHODS, help="RAM limit method")
+    p.add_argument("--cache-mode", choices=CACHE_MODES)
     p.add_argument(
         "--file-cache",
         choices=("dropped", "warm"),
@@ -40,11 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from sdq import files as atomic
     from sdq.errors import ParamsError
     from sdq.measure.experiments.api import journal_path, run_suite
     from sdq.measure.experiments.suites import SUITES, SuiteBuilder
     from sdq.measure.experiments.summary import suite_table
-    from sdq import files as atomic
 
     if args.repeat is not None and args.repeat < 1:
         raise ParamsError(f"--repeat {args.repeat}: expected >= 1")

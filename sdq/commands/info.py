@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from sdq.units import KIB, MIB
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="path to a .gguf file")
@@ -41,7 +43,7 @@ def _n(x: int) -> str:
 
 
 def _mib(x: int) -> str:
-    return f"{x / 2**20:,.1f} MiB" if x >= 2**20 else f"{x / 2**10:,.1f} KiB"
+    return f"{x / MIB:,.1f} MiB" if x >= MIB else f"{x / KIB:,.1f} KiB"
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:

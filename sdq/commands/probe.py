@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from sdq.errors import ParamsError
+from sdq.units import GIB, KIB, MIB
 
-_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_SUFFIX = {"k": KIB, "m": MIB, "g": GIB}
 
 
 def parse_bytes(text: str) -> int:
@@ -73,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scratch-dir", type=Path, default=Path("."), help="where the scratch file goes (.)"
     )
     parser.add_argument(
-        "--scratch-size", type=parse_bytes, default=1 << 30, help="scratch file size (1G)"
+        "--scratch-size", type=parse_bytes, default=GIB, help="scratch file size (1G)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random offsets")
     parser.add_argument(

@@ -6,6 +6,8 @@ import argparse
 import json
 import time
 
+from sdq.units import MB
+
 # flag -> SynthConfig field
 _DIM_FLAGS = {
     "n_embd": "n_embd",
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         types = ", ".join(f"{k} {v}" for k, v in summary["tensor_types"].items())
         print(path)
         print(
-            f"  {summary['bytes'] / 1e6:.1f} MB ({how}); tensors: {types};"
+            f"  {summary['bytes'] / MB:.1f} MB ({how}); tensors: {types};"
             f" expert segments gate/up/down {seg['gate']:,}/{seg['up']:,}/{seg['down']:,} B"
         )
     return 0

@@ -4,6 +4,7 @@
                     device latency and bandwidth vs concurrency and chunking (T1), next to fio
     limits.py       memory limits on a child (RLIMIT_DATA, cgroup v1) and page-cache dropping
     llama_ref.py    llama.cpp (llama-cpp-python) opened as the reference
+    layer_miss.py   one layer, every expert a miss: serial vs parallel vs split reads (T3)
     resident.py     sdq vs llama.cpp with every weight in RAM
     peers.py        sdq vs llama.cpp under the same memory cap, each run a child process (T12)
     kernels.py      kernel speed (`python -m sdq.measure.kernels`)

@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sdq.units import GIB
+
 MOUNTINFO = Path("/proc/self/mountinfo")
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 
@@ -45,8 +47,8 @@ class StorageInfo:
         if parts:
             where += f" ({', '.join(parts)})"
         return (
-            f"{where}, file {self.file_bytes / 2**30:.2f} GiB = "
-            f"{100 * self.file_vs_ram:.1f}% of RAM {self.ram_bytes / 2**30:.1f} GiB"
+            f"{where}, file {self.file_bytes / GIB:.2f} GiB = "
+            f"{100 * self.file_vs_ram:.1f}% of RAM {self.ram_bytes / GIB:.1f} GiB"
         )
 
     def to_dict(self) -> dict:

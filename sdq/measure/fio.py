@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdq.errors import ReadError
-
-MB = 1_000_000
+from sdq.units import MB
 
 
 def fio_binary() -> str | None:

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdq.errors import ParamsError
+from sdq.units import MIB
 
-MB = 1 << 20
 METHODS = ("none", "rlimit_data", "cgroup")
 CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
@@ -50,18 +50,18 @@ class MemoryLimit:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ParamsError(f"memory limit method {self.method!r}: expected one of {METHODS}")
-        if self.method != "none" and (self.limit_bytes is None or self.limit_bytes < MB):
+        if self.method != "none" and (self.limit_bytes is None or self.limit_bytes < MIB):
             raise ParamsError(
                 f"memory limit {self.method}: limit {self.limit_bytes} bytes must be >= 1 MiB"
             )
 
     @classmethod
     def mb(cls, method: str, limit_mb: float | None) -> MemoryLimit:
-        return cls(method, None if limit_mb is None else int(limit_mb * MB))
+        return cls(method, None if limit_mb is None else int(limit_mb * MIB))
 
     @property
     def limit_mb(self) -> float | None:
-        return None if self.limit_bytes is None else self.limit_bytes / MB
+        return None if self.limit_bytes is None else self.limit_bytes / MIB
 
 
 # -- RLIMIT_DATA ---------------------------------------------------------------------------------

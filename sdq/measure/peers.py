@@ -19,15 +19,20 @@ Both engines' OpenMP workers get the same wait policy (`OMP_WAIT_POLICY`, PASSIV
 which is what sdq's kernels set for themselves): with ggml's default of spinning, llama.cpp's
 decode on a busy two-core machine was measured several times slower and far more erratic.
 
+Units: MB = 10**6 bytes for caps, device bytes and the cgroup's figures; `peak_rss_mb` is in MiB
+(2**20 bytes), the DESIGN metric as every other sdq command reports it.
+
 Device bytes come from `/proc/self/io` `read_bytes` read by the child before and after decode
 (bytes the process caused to be fetched from the block device: page faults on the mapping,
 readahead, pread and O_DIRECT alike; page-cache hits count nothing). Peak memory is the child's
-VmHWM (resident set: anonymous memory plus mapped file pages it touched) and, under a
-cgroup, the group's `memory.max_usage_in_bytes` (anonymous memory plus charged page cache).
+VmHWM (resident set: anonymous memory plus mapped file pages it touched; `peak_rss_mb`) and,
+under a cgroup, the group's `memory.max_usage_in_bytes` (anonymous memory plus charged page
+cache).
 
-When no cgroup can be made, capped runs fall back to RLIMIT_DATA (sdq.measure.limits), which caps only
-anonymous memory: the page cache and llama.cpp's read-only mapping are not limited, so a capped
-llama-mmap row then measures a machine with the whole model cached. Rows carry `limit_method`.
+When no cgroup can be made, capped runs fall back to RLIMIT_DATA (sdq.measure.limits), which
+caps only anonymous memory: the page cache and llama.cpp's read-only mapping are not limited, so
+a capped llama-mmap row then measures a machine with the whole model cached. Rows carry
+`limit_method`.
 """
 
 from __future__ import annotations
@@ -43,12 +48,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sdq.errors import ParamsError
-from sdq.proc import peak_rss_bytes
+from sdq.proc import memory_figures
+from sdq.units import MB, MIB
 
-MB = 1_000_000
-MIB = 1 << 20
+if TYPE_CHECKING:
+    from sdq.run.settings import RunSettings
+
 RESIDENT_SYSTEMS = ("sdq", "llama")
 CAPPED_SYSTEMS = ("sdq", "llama-mmap", "llama-lazy")
 ALL_SYSTEMS = ("sdq", "llama", "llama-mmap", "llama-lazy")
@@ -78,6 +86,55 @@ class PeerSettings:
     omp_wait_policy: str = "PASSIVE"
     timeout_s: float = 900.0
 
+    @classmethod
+    def from_run(cls, run: RunSettings, prompt: str, **kw) -> PeerSettings:
+        """The comparison's settings from sdq's run settings (`sdq bench peers` flags, through
+        `RunSettings.from_args`) and the prompt text, tokenized by the model's tokenizer: the
+        lengths and threads both systems share, and how sdq pages; `kw` sets the rest."""
+        from sdq.format.model import open_model
+        from sdq.format.tokenizer import Tokenizer
+
+        model = open_model(run.model)
+        tokenizer = Tokenizer.from_metadata(model.metadata, source=str(model.path))
+        paging = {"reserve_mb": run.reserve_mb} if run.reserve_mb is not None else {}
+        return cls(
+            model=str(model.path),
+            prompt_ids=tuple(int(t) for t in tokenizer.encode(prompt)),
+            tokens=run.n_predict,
+            threads=run.threads,
+            ctx=run.n_ctx,
+            ubatch=min(run.n_ubatch, run.n_ctx),
+            sdq_cache_mode=run.cache_mode,
+            sdq_cache_policy=run.cache_policy,
+            sdq_prefetch_next=run.prefetch_next,
+            io_threads=run.io_threads,
+            **paging,
+            **kw,
+        )
+
+    def run_settings(self, resident: bool, budget_mib: float | None) -> RunSettings:
+        """sdq's settings for one child run: greedy, EOS ignored, `tokens` generated, every
+        expert in RAM when `resident`, else paged under `budget_mib` with `reserve_mb`."""
+        from sdq.run.sampler import SamplerSettings
+        from sdq.run.settings import RunSettings
+
+        return RunSettings(
+            model=self.model,
+            n_ctx=self.ctx,
+            n_ubatch=self.ubatch,
+            threads=self.threads,
+            n_predict=self.tokens,
+            sampler=SamplerSettings(temp=0.0),
+            stop_at_eos=False,
+            resident=resident,
+            ram_budget_mb=budget_mib,
+            reserve_mb=None if resident else self.reserve_mb,
+            io_threads=self.io_threads,
+            cache_mode=self.sdq_cache_mode,
+            cache_policy=self.sdq_cache_policy,
+            prefetch_next=self.sdq_prefetch_next,
+        )
+
     def validate(self) -> None:
         if self.tokens < 2:
             raise ParamsError(f"--tokens {self.tokens} must be >= 2 (decode needs 2 tokens)")
@@ -98,7 +155,7 @@ class PeerSettings:
 class Condition:
     """The memory condition of one run: resident (cap None) or a cap with its method."""
 
-    cap_mb: float | None = None  # MB = 10**6 bytes, as every figure here
+    cap_mb: float | None = None  # MB = 10**6 bytes
     method: str = "none"  # none | cgroup | rlimit_data
 
     @property
@@ -542,7 +599,7 @@ def _brief(row: dict) -> str:
     return (
         f"decode {row['decode_tok_s']:.2f} tok/s, prefill {row['prefill_tok_s']:.1f} tok/s, "
         f"{row['device_mb_per_token']:.1f} MB/token from the device, "
-        f"peak RSS {row['peak_rss_mb']:.0f} MB"
+        f"peak RSS {row['peak_rss_mb']:.0f} MiB"
     )
 
 
@@ -594,7 +651,7 @@ def child_main(job: dict) -> dict:
         "prefill_device_mb": prefill_bytes / MB,
         "device_mb_per_token": decode_bytes / MB / n_decode,
         "n_prompt": len(settings.prompt_ids),
-        "peak_rss_mb": peak_rss_bytes() / MB,
+        "peak_rss_mb": memory_figures()["peak_rss_mb"],  # MiB
         **{k: v for k, v in fig.items() if not k.startswith("io_")},
     }
     runner.close()
@@ -603,26 +660,10 @@ def child_main(job: dict) -> dict:
 
 class _SdqChild:
     def __init__(self, s: PeerSettings, resident: bool, budget_mib: float | None):
-        from sdq.run.sampler import SamplerSettings
-        from sdq.run.session import RunSettings, Session
+        from sdq.run.session import Session
 
         self.settings = s
-        self.run_settings = RunSettings(
-            model=s.model,
-            n_ctx=s.ctx,
-            n_ubatch=s.ubatch,
-            threads=s.threads,
-            n_predict=s.tokens,
-            sampler=SamplerSettings(temp=0.0),
-            stop_at_eos=False,
-            resident=resident,
-            ram_budget_mb=budget_mib,
-            reserve_mb=None if resident else s.reserve_mb,
-            io_threads=s.io_threads,
-            cache_mode=s.sdq_cache_mode,
-            cache_policy=s.sdq_cache_policy,
-            prefetch_next=s.sdq_prefetch_next,
-        )
+        self.run_settings = s.run_settings(resident, budget_mib)
         self.session = Session(self.run_settings)
 
     def generate(self, n: int) -> dict:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
 import shutil
@@ -47,9 +46,9 @@ import numpy as np
 from sdq.errors import ParamsError, ReadError
 from sdq.paging.io_profile import IOProfile
 from sdq.paging.reads import COLD_CACHE_MODES
+from sdq.units import GIB, MB, MIB
 
 PAGE = 4096
-MB = 1_000_000
 # seed 000's "1.9 MB": one expert, gate 589,824 + up 589,824 + down 720,896 bytes
 DEFAULT_SIZE = 1_900_544
 SMALL_SIZE = 4096
@@ -57,7 +56,7 @@ DEFAULT_THREADS = (1, 2, 4, 6, 8, 12, 16)
 DEFAULT_SMALL_THREADS = (1, 16)
 DEFAULT_SPLITS = (1, 2, 4, 8)
 DEFAULT_SPLIT_BATCH = 24  # seed 000 decode: 8 experts x 3 segments submitted at once
-DEFAULT_SCRATCH_BYTES = 1 << 30
+DEFAULT_SCRATCH_BYTES = GIB
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
 WITHIN = 0.05  # "within 5% of the best" and "helps by more than 5%"
 
@@ -186,7 +185,8 @@ class ProbeSettings:
             positive("small reads", self.small_reads)
         if self.cache_mode not in COLD_CACHE_MODES:
             raise ParamsError(
-                f"--cache-mode must be one of {', '.join(COLD_CACHE_MODES)}, got {self.cache_mode!r}"
+                f"--cache-mode must be one of {', '.join(COLD_CACHE_MODES)}, "
+                f"got {self.cache_mode!r}"
             )
         top = max((*self.threads, *self.small_threads, self.split_threads or 1))
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -269,7 +269,7 @@ def scratch_file(directory: Path, nbytes: int, seed: int = 0) -> Iterator[Path]:
         )
     path = directory / f".sdq-probe-{os.getpid()}-{time.monotonic_ns()}.scratch"
     rng = np.random.default_rng(seed)
-    chunk = 8 << 20
+    chunk = 8 * MIB
     with _signals_raise():
         try:
             try:
@@ -332,11 +332,12 @@ def _cached_share(fd: int, offsets: np.ndarray, length: int) -> float:
     return mean([_io.resident_fraction(fd, int(o), int(length)) for o in offsets])
 
 
-HUGE_PAGE = 2 << 20
+HUGE_PAGE = 2 * MIB
 
 
 def inner_arena(n_slots: int, slot_bytes: int):
-    """(arena, first): an `sdq.paging.cache.Arena` with `n_slots` usable slots from index `first` on.
+    """(arena, first): an `sdq.paging.cache.Arena` with `n_slots` usable slots from index
+    `first` on.
 
     The arena asks for transparent huge pages, and the kernel can only back whole, aligned
     2 MiB ranges of a mapping with them: a slot within 2 MiB of either end of a small arena may
@@ -704,7 +705,7 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         if settings.path is None:
-            say(f"writing a {settings.scratch_bytes / 2**20:.0f} MiB scratch file")
+            say(f"writing a {settings.scratch_bytes / MIB:.0f} MiB scratch file")
             path = stack.enter_context(
                 scratch_file(settings.scratch_dir, settings.scratch_bytes, settings.seed)
             )

@@ -3,12 +3,13 @@
 Dimension key: L MoE layers, E experts per layer, K experts a decode layer uses, P = 3 parts
 (gate, up, down), R = K * P segment reads per layer.
 
-The probe's level sweep (`sdq.measure.probe`) reads equal-sized ranges of a file; this asks the same
-question of the pager's own read path. One "layer" is a decode miss as the pager serves it:
+The probe's level sweep (`sdq.measure.probe`) reads equal-sized ranges of a file; this asks the
+same question of the pager's own read path. One "layer" is a decode miss as the pager serves it:
 K distinct random experts of a random MoE layer, all R segments submitted at once through
 `sdq.paging.reads.ExpertReader` (mode parallel, O_DIRECT, in-place aligned reads) into K slots
-of an `sdq.paging.cache.Arena`, faulted in beforehand, away from the mapping's ends (huge pages where
-the kernel gives them, as in the engine's large arena) — what `sdq bench layer-miss` times.
+of an `sdq.paging.cache.Arena`, faulted in beforehand, away from the mapping's ends (huge pages
+where the kernel gives them, as in the engine's large arena) — what `sdq bench layer-miss`
+times.
 `layers` layers back to back (each submitted when the previous one is in) make one run;
 MB/s = device bytes requested / the run's wall time, MB = 10**6 B.
 
@@ -37,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from sdq.errors import ParamsError
+from sdq.units import KIB, MB
 
-MB = 1_000_000
 PAGE = 4096
 
 
@@ -102,7 +103,7 @@ def huge_share(arena) -> float:
         if lo <= arena.base < hi:
             for entry in lines[i + 1 :]:
                 if entry.startswith("AnonHugePages:"):
-                    return int(entry.split()[1]) * 1024 / (hi - lo)
+                    return int(entry.split()[1]) * KIB / (hi - lo)
             break
     return 0.0
 
@@ -125,10 +126,10 @@ def engine_vs_fio(
     progress=None,
 ) -> EngineResult:
     """Measure the three reads above at each thread count (see the module docstring)."""
-    from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout
     from sdq.format.model import open_model
-    from sdq.measure.probe import inner_arena
     from sdq.measure.fio import bssplit, fio_binary, fio_command, fio_version, run_fio
+    from sdq.measure.probe import inner_arena
+    from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout
 
     if layers < 1 or repeat < 1 or not threads or min(threads) < 1:
         raise ParamsError(

@@ -13,10 +13,15 @@ compares compute, not paging.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from sdq.measure.llama_ref import LLAMA_SETTINGS_NOTE, open_llama
+
+if TYPE_CHECKING:
+    from sdq.run.settings import RunSettings
 
 DEFAULT_PROMPT = (
     "The storage hierarchy of a computer has three levels that matter here: the CPU caches, "
@@ -26,36 +31,26 @@ DEFAULT_PROMPT = (
 
 
 def compare_resident(
-    model: str,
-    prompt: str = DEFAULT_PROMPT,
-    *,
-    n_predict: int = 32,
-    threads: int = 2,
-    ubatch: int = 128,
-    n_ctx: int = 1024,
-    repeats: int = 3,
+    settings: RunSettings, prompt: str = DEFAULT_PROMPT, *, repeats: int = 3
 ) -> dict:
     """Medians of `repeats` alternating runs of sdq and llama.cpp (prefill and decode tok/s,
-    each engine's list of runs, and the sdq/llama.cpp ratios)."""
+    each engine's list of runs, and the sdq/llama.cpp ratios). Of `settings` the model, its
+    lengths (n_predict, n_ctx, n_ubatch) and threads count: sdq runs resident, greedy, EOS
+    ignored, as llama.cpp does here."""
     from sdq.errors import ParamsError
     from sdq.run.sampler import SamplerSettings
-    from sdq.run.session import RunSettings, Session
+    from sdq.run.session import Session
 
+    n_predict = settings.n_predict
     if n_predict < 2 or repeats < 1:
         raise ParamsError(f"-n {n_predict} must be >= 2 and -r {repeats} >= 1")
-    settings = RunSettings(
-        model=model,
-        n_ctx=n_ctx,
-        n_ubatch=ubatch,
-        threads=threads,
-        n_predict=n_predict,
-        sampler=SamplerSettings(temp=0.0),
-        stop_at_eos=False,
-        resident=True,
+    settings = dataclasses.replace(
+        settings, sampler=SamplerSettings(temp=0.0), stop_at_eos=False, resident=True
     )
+    model, threads, ubatch = settings.model, settings.threads, settings.n_ubatch
     session = Session(settings)
     ids = session.tokenizer.encode(prompt)
-    llama = LlamaRunner(model, n_ctx, ubatch, threads)
+    llama = LlamaRunner(model, settings.n_ctx, ubatch, threads)
 
     def sdq_once() -> dict:
         g = session.generate(ids)

@@ -5,6 +5,7 @@
     engine.py     the forward pass (qwen3moe) on Numba kernels, experts from the pager
     sampler.py    greedy / temperature / top-k / top-p sampling
     generate.py   prefill in ubatches, decode, per-token timing and figures (DESIGN metrics)
+    settings.py   RunSettings: what a run is set to, and the one way flags become it (from_args)
     session.py    RunSettings -> a plan, a pager, an engine and a tokenizer, ready to generate
 
 May import: sdq.format, sdq.kernels, sdq.paging and the base modules; never sdq.measure,

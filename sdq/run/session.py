@@ -11,70 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from sdq.errors import ParamsError
-from sdq.run.sampler import SamplerSettings
-
-MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    model: str
-    n_ctx: int = 4096
-    n_ubatch: int = 128
-    threads: int = 2
-    n_predict: int = 64
-    sampler: SamplerSettings = field(default_factory=SamplerSettings)
-    stop_at_eos: bool = True
-    resident: bool = False  # every expert copied into RAM; no plan, no pager
-    ram_budget_mb: float | None = None  # None: memory available now
-    reserve_mb: float | None = None  # None: the plan's default
-    max_slots: int | None = None  # cap the arena below what the budget allows
-    io_threads: int | None = None  # None: 3 x threads
-    io_mode: str = "parallel"
-    io_split: int = 1
-    cache_mode: str = "pagecache"
-    cache_policy: str = "auto"  # sdq.paging.cache.CacheSettings.policy
-    # decode: read this many guessed experts of the next layer early; None: 3/4 of the K a
-    # token uses (paged runs only)
-    prefetch_next: int | None = None
-    route_log: str | None = None
-
-    @classmethod
-    def from_args(cls, args) -> RunSettings:
-        return cls(
-            model=args.model,
-            n_ctx=args.ctx_size,
-            n_ubatch=args.ubatch,
-            threads=args.threads,
-            n_predict=args.n_predict,
-            sampler=SamplerSettings(
-                temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed
-            ),
-            stop_at_eos=not args.ignore_eos,
-            resident=args.resident,
-            ram_budget_mb=args.ram_budget_mb,
-            reserve_mb=args.reserve_mb,
-            max_slots=args.max_slots,
-            io_threads=args.io_threads,
-            io_mode=args.io_mode,
-            io_split=args.io_split,
-            cache_mode=args.cache_mode,
-            cache_policy=getattr(args, "cache_policy", "auto"),
-            prefetch_next=getattr(args, "prefetch_next", None),
-            route_log=args.route_log,
-        )
+from sdq.run.settings import RunSettings
+from sdq.units import MIB
 
 
 class Session:
     def __init__(self, settings: RunSettings):
         import psutil
 
-        from sdq.run.engine import DenseWeights, Engine, ResidentExperts
         from sdq.format.model import open_model
         from sdq.format.tokenizer import Tokenizer
+        from sdq.run.engine import DenseWeights, Engine, ResidentExperts
         from sdq.run.workspace import Workspace
 
         s = self.settings = settings
@@ -93,14 +43,17 @@ class Session:
             weights = DenseWeights.load(model)
             experts = ResidentExperts(model)
         else:
-            from sdq.run.plan import plan_memory
             from sdq.paging.cache import CacheSettings, ExpertCache, IOSettings
+            from sdq.paging.prefetch import prefetch_width
+            from sdq.run.plan import plan_memory
 
             budget = s.ram_budget_mb
             if budget is None:
                 budget = psutil.virtual_memory().available / MIB
             io_threads = s.io_threads or 3 * s.threads
             kw = {} if s.reserve_mb is None else {"reserve_mb": s.reserve_mb}
+            self.prefetch_next = prefetch_width(model.spec.n_expert_used, s.prefetch_next)
+            cs = CacheSettings(policy=s.cache_policy, prefetch_slots=self.prefetch_next)
             self.plan = plan_memory(
                 model,
                 budget,
@@ -109,6 +62,7 @@ class Session:
                 cache_mode=s.cache_mode,
                 io_threads=io_threads,
                 compute_threads=s.threads,
+                cache=cs,
                 **kw,
             )
             if s.max_slots is not None and self.plan.slots > s.max_slots:
@@ -118,15 +72,12 @@ class Session:
             io = IOSettings(
                 threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
             )
-            K = model.spec.n_expert_used
-            self.prefetch_next = min(3 * K // 4 if s.prefetch_next is None else s.prefetch_next, K)
-            cs = CacheSettings(policy=s.cache_policy, prefetch_slots=self.prefetch_next)
             experts = ExpertCache(model, self.plan, io=io, settings=cs)
         self.experts = experts
         self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
         self.engine.prefetch_next = self.prefetch_next
         if s.route_log:
-            from sdq.paging.cache import RouteLog
+            from sdq.paging.route_log import RouteLog
 
             self.route_log = RouteLog(s.route_log)
             self.engine.route_log = self.route_log
@@ -168,12 +119,8 @@ class Session:
 
 
 @contextlib.contextmanager
-def open_session(args_or_settings):
-    settings = (
-        args_or_settings
-        if isinstance(args_or_settings, RunSettings)
-        else RunSettings.from_args(args_or_settings)
-    )
+def open_session(settings: RunSettings):
+    """A Session for `settings` (`RunSettings.from_args` for flags), closed when the block exits."""
     session = Session(settings)
     try:
         yield session

@@ -4,7 +4,7 @@ Resident (everything in RAM, warm page cache) and under each memory cap (a cgrou
 limit that charges the page cache too, cold cache): sdq with its expert arena, llama.cpp with
 its default mmap, and llama.cpp with `lazy_mode` on. Each run is a fresh child process; the
 systems' order rotates per repeat; medians of the repeats. How each figure is taken is in
-sdq/peers.py.
+sdq.measure.peers.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import argparse
 import json
 import sys
 
+from sdq.commands.run_flags import add_run_arguments
 from sdq.measure.resident import DEFAULT_PROMPT
-
-MB = 1_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,38 +24,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="memory cap in MB (10**6 bytes); a comma list runs each cap",
     )
-    p.add_argument("--tokens", type=int, default=16, help="tokens to generate per run")
     p.add_argument("--repeat", type=int, default=3, help="runs per system and condition")
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("-c", "--ctx-size", type=int, default=512)
-    p.add_argument("-b", "--ubatch", type=int, default=128)
-    p.add_argument("--reserve-mb", type=float, default=100.0, help="sdq's head room (MiB)")
-    p.add_argument(
-        "--sdq-cache-mode", choices=("pagecache", "dontneed", "direct"), default="direct"
+    add_run_arguments(
+        p,
+        (
+            "n_predict",
+            "threads",
+            "n_ctx",
+            "n_ubatch",
+            "reserve_mb",
+            "cache_mode",
+            "cache_policy",
+            "prefetch_next",
+            "io_threads",
+        ),
+        defaults={
+            "n_predict": 16,
+            "threads": 2,
+            "n_ctx": 512,
+            "reserve_mb": 100.0,
+            "cache_mode": "direct",
+        },
+        flags={
+            "n_predict": ("--tokens",),
+            "cache_mode": ("--sdq-cache-mode",),
+            "cache_policy": ("--sdq-cache-policy",),
+            "prefetch_next": ("--sdq-prefetch-next",),
+        },
+        helps={
+            "n_predict": "tokens to generate per run",
+            "reserve_mb": "sdq's head room (MiB)",
+            "cache_mode": "how sdq's pager reads experts (sdq chat --cache-mode)",
+            "cache_policy": "sdq's expert replacement policy (sdq chat --cache-policy)",
+            "prefetch_next": "sdq reads the N most probable guessed experts of the next layer "
+            "early (sdq chat --prefetch-next; default: sdq's, 3K/4)",
+            "io_threads": "sdq's expert read threads",
+        },
     )
-    p.add_argument(
-        "--sdq-cache-policy",
-        choices=("auto", "lru", "lrfu_bypass", "layer_lrfu"),
-        default="auto",
-        help="sdq's expert replacement policy (sdq chat --cache-policy)",
-    )
-    p.add_argument(
-        "--sdq-prefetch-next",
-        type=int,
-        metavar="N",
-        help="sdq reads the N most probable guessed experts of the next layer early "
-        "(sdq chat --prefetch-next; default: sdq's, 3K/4)",
-    )
-    p.add_argument("--io-threads", type=int, help="sdq's expert read threads")
     p.add_argument(
         "--systems",
         default="sdq,llama-mmap,llama-lazy",
         help="capped systems to run (comma list of sdq, llama-mmap, llama-lazy)",
     )
     p.add_argument("--no-resident", action="store_true", help="skip the resident comparison")
-    p.add_argument(
-        "--io-profile", help="a device probe's I/O profile (JSON): bandwidth for the I/O ceiling"
+    p.add_argument(  # not the run flag --io-profile: sdq's own I/O settings stay as given
+        "--io-profile",
+        dest="bandwidth_profile",
+        metavar="IO_PROFILE",
+        help="a device probe's I/O profile (JSON): bandwidth for the I/O ceiling",
     )
     p.add_argument(
         "--omp-wait-policy",
@@ -70,33 +86,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from sdq.errors import ParamsError
-    from sdq.format.model import open_model
     from sdq.measure.peers import PeerSettings, probe_bandwidth, run_peers
-    from sdq.format.tokenizer import Tokenizer
+    from sdq.run.settings import RunSettings
 
     caps = _caps(args.ram_cap_mb)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.repeat < 1:
         raise ParamsError(f"--repeat {args.repeat} must be >= 1")
-    model = open_model(args.model)
-    tok = Tokenizer.from_metadata(model.metadata, source=str(model.path))
-    ids = tuple(int(t) for t in tok.encode(args.prompt))
-    settings = PeerSettings(
-        model=str(model.path),
-        prompt_ids=ids,
-        tokens=args.tokens,
-        threads=args.threads,
-        ctx=args.ctx_size,
-        ubatch=min(args.ubatch, args.ctx_size),
-        reserve_mb=args.reserve_mb,
-        sdq_cache_mode=args.sdq_cache_mode,
-        sdq_cache_policy=args.sdq_cache_policy,
-        sdq_prefetch_next=args.sdq_prefetch_next,
-        io_threads=args.io_threads,
+    settings = PeerSettings.from_run(
+        RunSettings.from_args(args),
+        args.prompt,
         omp_wait_policy=args.omp_wait_policy,
         timeout_s=args.timeout_s,
     )
-    bandwidth = probe_bandwidth(args.io_profile) if args.io_profile else None
+    bandwidth = probe_bandwidth(args.bandwidth_profile) if args.bandwidth_profile else None
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     res = run_peers(
         settings,
@@ -137,7 +140,7 @@ def format_result(res) -> str:
         f"-t {s['threads']}, OMP_WAIT_POLICY={s['omp_wait_policy']}, median of runs per row; "
         f"caps by {res.limit_method} ({res.limit_note}); {res.provenance['llama_settings']}",
         f"{'condition':22s} {'system':11s} {'decode tok/s':>12s} {'prefill tok/s':>13s} "
-        f"{'dev MB/tok':>10s} {'peak RSS MB':>11s} {'cgroup MB':>9s} {'ceiling':>8s} "
+        f"{'dev MB/tok':>10s} {'peak RSS MiB':>12s} {'cgroup MB':>9s} {'ceiling':>8s} "
         f"{'bound':>14s}  status",
     ]
     for r in res.summary():
@@ -145,7 +148,7 @@ def format_result(res) -> str:
         lines.append(
             f"{cond:22s} {r['system']:11s} {_f(r.get('decode_tok_s'), '12.2f')} "
             f"{_f(r.get('prefill_tok_s'), '13.1f')} {_f(r.get('device_mb_per_token'), '10.1f')} "
-            f"{_f(r.get('peak_rss_mb'), '11.0f')} {_f(r.get('cgroup_peak_mb'), '9.0f')} "
+            f"{_f(r.get('peak_rss_mb'), '12.0f')} {_f(r.get('cgroup_peak_mb'), '9.0f')} "
             f"{_f(r.get('io_ceiling_tok_s'), '8.2f')} {_bound(r):>14s}  "
             f"{r['status']} ({r['ok_runs']}/{r['runs']})"
         )

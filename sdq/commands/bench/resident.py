@@ -6,32 +6,27 @@ from __future__ import annotations
 import argparse
 import json
 
+from sdq.commands.run_flags import add_run_arguments
 from sdq.measure.resident import DEFAULT_PROMPT
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="GGUF model file")
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate")
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("-b", "--ubatch", type=int, default=128)
-    p.add_argument("-c", "--ctx-size", type=int, default=1024)
+    add_run_arguments(
+        p,
+        ("n_predict", "threads", "n_ubatch", "n_ctx"),
+        defaults={"n_predict": 32, "threads": 2, "n_ctx": 1024},
+    )
     p.add_argument("-r", "--repeats", type=int, default=3)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args) -> int:
     from sdq.measure.resident import compare_resident
+    from sdq.run.settings import RunSettings
 
-    result = compare_resident(
-        args.model,
-        args.prompt,
-        n_predict=args.n_predict,
-        threads=args.threads,
-        ubatch=args.ubatch,
-        n_ctx=args.ctx_size,
-        repeats=args.repeats,
-    )
+    result = compare_resident(RunSettings.from_args(args), args.prompt, repeats=args.repeats)
     print(json.dumps(result) if args.json else _table(result))
     return 0
 

@@ -35,8 +35,9 @@ import time
 from datetime import UTC, datetime
 
 from sdq.measure import limits
-from sdq.proc import proc_status_kib
 from sdq.measure.experiments.config import RunConfig
+from sdq.proc import proc_status_kib
+from sdq.units import MIB
 
 POLL_S = 0.02
 COLD_SHARE = 0.05  # a run is cold when at most this share of the file is cached at its start
@@ -45,7 +46,6 @@ DROP_RETRY_S = 2.0
 # /proc/<pid>/status fields polled: peak RSS (kernel high-water mark), its anonymous and file
 # parts (largest seen), the data segment RLIMIT_DATA counts, swap
 VM_FIELDS = ("VmHWM", "RssAnon", "RssFile", "VmData", "VmSwap")
-MB = 1 << 20
 # dropped from a chat's JSON before it is journaled (text and per-token lists)
 BULKY = ("text", "prompt", "prompt_ids", "generated_ids", "token_ms")
 
@@ -148,7 +148,7 @@ def _prepare_cache(config: RunConfig, system_drop: bool, cold_wait_s: float) -> 
     if config.file_cache == "untouched":
         return limits.file_resident_fraction(config.model)
     with open(config.model, "rb") as f:  # warm: read the whole file once through the cache
-        while f.read(16 * MB):
+        while f.read(16 * MIB):
             pass
     return limits.file_resident_fraction(config.model)
 
@@ -176,7 +176,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, dict, bool]:
 
 def _cgroup_figures(cg: limits.MemoryCgroup) -> dict:
     return {
-        "cgroup_peak_mb": cg.peak_bytes() / MB,
+        "cgroup_peak_mb": cg.peak_bytes() / MIB,
         "cgroup_failcnt": cg.failcnt(),
         "cgroup_oom_kills": cg.oom_kills(),
     }

@@ -32,12 +32,13 @@ from pathlib import Path
 from sdq.errors import ParamsError
 from sdq.measure.experiments.config import FILE_CACHE, RunConfig
 from sdq.measure.limits import METHODS, MemoryLimit
+from sdq.paging.reads import CACHE_MODES, MODES
+from sdq.units import MIB
 
-MB = 1 << 20
 SUITES = ("layer-miss", "io", "threads", "split", "profile", "memory", "reserve")
 SIZINGS = ("plan", "seed")
-CACHE_MODES = ("pagecache", "dontneed", "direct")
-IO_MODES = ("serial", "parallel")
+# the I/O modes the profile suite compares: split needs a piece count and has its own suite
+PROFILE_IO_MODES = tuple(m for m in MODES if m != "split")
 DEFAULT_PROMPT = "Explain in three sentences how SSD, RAM and CPU caches form a memory hierarchy."
 
 
@@ -73,7 +74,7 @@ class Settings:
     layer_miss_io_threads: tuple[int, ...] = (8, 16, 24)
     layer_miss_repeat: int = 9  # the benchmark's own repetitions per run
     # profile (T11)
-    profile_io_modes: tuple[str, ...] = ("serial", "parallel")
+    profile_io_modes: tuple[str, ...] = PROFILE_IO_MODES
     # memory (T9) and reserve (T10)
     limits: tuple[str, ...] = ("rlimit_data",)  # RAM limit methods of memory runs (each a row)
     reserve_limit: str = "rlimit_data"  # RAM limit method of reserve runs
@@ -120,7 +121,7 @@ class Settings:
             (self.repeat >= 1, f"repeat {self.repeat}: >= 1"),
             (self.n_predict >= 2, f"n_predict {self.n_predict}: >= 2 (one decode step)"),
             (
-                set(self.profile_io_modes) <= set(IO_MODES),
+                set(self.profile_io_modes) <= set(PROFILE_IO_MODES),
                 f"profile_io_modes {self.profile_io_modes}",
             ),
         )
@@ -148,8 +149,8 @@ class Calibration:
 
 def calibrate(model: str, s: Settings, cache_dir: Path, progress: bool = True) -> Calibration:
     """Runs one short chat to measure the RSS at planning time (cached per model and threads)."""
-    from sdq.format.model import open_model
     from sdq import files as atomic
+    from sdq.format.model import open_model
 
     m = open_model(model)
     table = m.require_experts()
@@ -177,8 +178,8 @@ def _calibration_run(model: str, s: Settings, m) -> int:
     from sdq.run.workspace import workspace_bytes
 
     ws = sum(workspace_bytes(m.spec, s.ctx, s.ubatch, s.threads).values())
-    # a budget that leaves ~600 MB beyond the model's fixed terms, whatever the RSS
-    fixed_mb = (m.dense_bytes + ws) / MB
+    # a budget that leaves ~600 MiB beyond the model's fixed terms, whatever the RSS
+    fixed_mb = (m.dense_bytes + ws) / MIB
     budget = 100_000.0
     reserve = budget - fixed_mb - 600
     cmd = [sys.executable, "-m", "sdq", *_chat_common(model, s, n_predict=2, ubatch=s.ubatch)]
@@ -199,7 +200,7 @@ def budget_mb(
     io_threads: int,
     ctx: int | None = None,
 ) -> float:
-    """The budget (MB) for which the plan of a chat process leaves `slots` slots."""
+    """The budget (MiB) for which the plan of a chat process leaves `slots` slots."""
     from sdq.run.plan import plan_memory
 
     plan = plan_memory(
@@ -213,7 +214,7 @@ def budget_mb(
         io_threads=io_threads,
         compute_threads=s.threads,
     )
-    return (plan.budget_for_slots(slots) + plan.per_slot_bytes // 2) / MB
+    return (plan.budget_for_slots(slots) + plan.per_slot_bytes // 2) / MIB
 
 
 def target_slots(cal: Calibration, s: Settings) -> int:
@@ -221,12 +222,12 @@ def target_slots(cal: Calibration, s: Settings) -> int:
 
 
 def workspace_mb(model_obj, ctx: int, ubatch: int, threads: int = 1) -> tuple[float, float]:
-    """(KV cache MB, compute buffers MB) the plan counts for ctx, ubatch and compute threads."""
+    """(KV cache MiB, compute buffers MiB) the plan counts for ctx, ubatch and compute threads."""
     from sdq.run.workspace import workspace_bytes
 
     ws = workspace_bytes(model_obj.spec, ctx, ubatch, threads)
     kv = sum(b for name, b in ws.items() if name.endswith("cache"))
-    return kv / MB, (sum(ws.values()) - kv) / MB
+    return kv / MIB, (sum(ws.values()) - kv) / MIB
 
 
 # -- configurations -------------------------------------------------------------------------

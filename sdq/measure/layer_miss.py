@@ -1,0 +1,212 @@
+"""One layer, every expert a miss: how fast do its experts arrive? (table T3)
+
+Seed 000 §2: 8 experts of one layer, all missing, read as
+  serial    8 threads, each reads one expert's three segments one after another
+  parallel  every segment its own request (16 or 24 threads)
+  split N   every segment cut into N page-aligned chunks (seed 003)
+Each repetition picks a layer and `experts` distinct experts at random (seeded), drops the
+file's pages from the page cache (dontneed), bypasses it (direct) or warms it with one untimed
+read (pagecache, reported as such: not device speed), and times every configuration on the same
+experts, in a rotating order so drift does not favour one. Reported per configuration: median
+wall time from submit to the last byte, GB/s of expert bytes at that median, and the ratio to the
+best configuration of another mode measured in the same run (> 1: slower). The slot bytes of each
+configuration are checked against the file once. `sdq bench layer-miss` prints the rows.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from sdq.errors import ParamsError, ReadError
+from sdq.paging.reads import CACHE_MODES, MODES
+
+# what each page-cache mode (sdq.paging.reads.CACHE_MODES) means for this benchmark's timings
+CACHE_NOTES = {
+    "direct": "O_DIRECT, page cache bypassed",
+    "dontneed": "page cache dropped before each read set, DONTNEED after each read",
+    "pagecache": "warm page cache (read once untimed first): NOT device speed",
+}
+
+
+@dataclass(frozen=True)
+class LayerMissSettings:
+    """What one layer-miss run reads: `experts` of one layer, each configuration (mode x I/O
+    threads, x split for mode split) `repeat` times, in one page-cache mode."""
+
+    experts: int = 8
+    modes: tuple[str, ...] = ("serial", "parallel")
+    splits: tuple[int, ...] = (4,)
+    io_threads: tuple[int, ...] = (8, 16, 24)
+    cache_mode: str = "dontneed"
+    repeat: int = 9
+    layer: int | None = None  # a fixed MoE layer; None: a random one per repetition
+    seed: int = 0
+
+    def configurations(self) -> list[tuple[str, int, int]]:
+        """(mode, split, io_threads) of every configuration, in the order they are reported."""
+        return configurations(self.modes, self.splits, self.io_threads)
+
+
+@dataclass
+class Row:
+    mode: str
+    split: int
+    io_threads: int
+    cache_mode: str
+    experts: int
+    repeat: int
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    expert_bytes: int  # per repetition (median over repetitions)
+    device_bytes: int
+    gb_s: float
+    # share of the experts' pages in the page cache before a timed read: the largest over
+    # repetitions for direct / dontneed (should be 0), the smallest for pagecache (should be 1)
+    resident_before: float
+    best_other: str = ""
+    ratio_to_best_other: float = float("nan")
+
+    @property
+    def label(self) -> str:
+        name = f"split{self.split}" if self.mode == "split" else self.mode
+        return f"{name} x{self.io_threads}"
+
+
+def configurations(modes, splits, threads) -> list[tuple[str, int, int]]:
+    out = []
+    for mode in modes:
+        for n in threads:
+            for s in splits if mode == "split" else [1]:
+                out.append((mode, s, n))
+    return out
+
+
+def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> list[Row]:
+    """Time every configuration of `settings` on the experts of the GGUF file `path`; one Row
+    per configuration, with its ratio to the best configuration of another mode."""
+    from sdq.format.model import open_model
+    from sdq.paging.cache import Arena
+    from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout
+
+    st = settings
+    for m in st.modes:
+        if m not in MODES:
+            raise ParamsError(f"--mode {m!r}: expected one of {', '.join(MODES)}")
+    if st.cache_mode not in CACHE_MODES:
+        raise ParamsError(
+            f"--cache-mode {st.cache_mode!r}: expected one of {', '.join(CACHE_MODES)}"
+        )
+    if st.repeat < 1:
+        raise ParamsError(f"--repeat {st.repeat}: expected >= 1")
+    model = open_model(path)
+    table = model.require_experts()
+    if not 1 <= st.experts <= table.n_expert:
+        raise ParamsError(f"--experts {st.experts}: the model has {table.n_expert} per layer")
+    if st.layer is not None:
+        table.row(st.layer)
+    configs = st.configurations()
+    for mode, s, n in configs:
+        IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode)  # validates
+    layout = SlotLayout.for_table(table, st.cache_mode)
+    arena = Arena(st.experts, layout.slot_bytes)
+    first = IOSettings(threads=configs[0][2], cache_mode=st.cache_mode)
+    reader = ExpertReader(model.path, table, layout, first)
+    check_fd = os.open(model.path, os.O_RDONLY)
+    rng = np.random.default_rng(st.seed)
+    times = {c: [] for c in configs}
+    resident = dict.fromkeys(configs, 0.0)
+    nbytes = {c: [] for c in configs}
+    warm = st.cache_mode == "pagecache"
+    try:
+        for r in range(st.repeat):
+            row = (
+                table.row(st.layer)
+                if st.layer is not None
+                else int(rng.integers(len(table.layers)))
+            )
+            experts = [int(e) for e in rng.choice(table.n_expert, st.experts, replace=False)]
+            addrs = [arena.address(k) for k in range(st.experts)]
+            order = configs[r % len(configs) :] + configs[: r % len(configs)]
+            for c in order:
+                mode, s, n = c
+                reader.set_io(IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode))
+                if warm:  # read once untimed
+                    reader.submit(row, experts, addrs, arena)[0].wait_all()
+                else:
+                    reader.drop_cache()
+                cached = _resident(reader, table, row, experts)
+                worse = min if warm else max
+                resident[c] = worse(resident[c], cached) if r else cached
+                t0 = time.perf_counter_ns()
+                batch, device = reader.submit(row, experts, addrs, arena)
+                batch.wait_all()
+                times[c].append((time.perf_counter_ns() - t0) / 1e6)  # ns -> ms
+                nbytes[c].append((int(table.nbytes[row, experts].sum()), device))
+                if r == 0:
+                    _check(check_fd, arena, layout, table, row, experts, model.path)
+        if not warm:
+            reader.drop_cache()
+    finally:
+        os.close(check_fd)
+        reader.close()
+        arena.close()
+
+    rows = []
+    for c in configs:
+        mode, s, n = c
+        med = statistics.median(times[c])
+        eb = int(statistics.median(b for b, _ in nbytes[c]))
+        db = int(statistics.median(d for _, d in nbytes[c]))
+        rows.append(
+            Row(
+                mode,
+                s,
+                n,
+                st.cache_mode,
+                st.experts,
+                st.repeat,
+                med,
+                min(times[c]),
+                max(times[c]),
+                eb,
+                db,
+                eb / med / 1e6,  # bytes per ms / 10**6 = GB/s
+                resident[c],
+            )
+        )
+    for row_ in rows:
+        others = [o for o in rows if o.mode != row_.mode]
+        if others:
+            best = min(others, key=lambda o: o.median_ms)
+            row_.best_other = best.label
+            row_.ratio_to_best_other = row_.median_ms / best.median_ms
+    return rows
+
+
+def _resident(reader, table, row, experts) -> float:
+    fractions = [
+        reader.resident_fraction(int(table.offsets[row, e, p]), int(table.nbytes[row, e, p]))
+        for e in experts
+        for p in range(3)
+    ]
+    return max(fractions)
+
+
+def _check(fd, arena, layout, table, row, experts, path) -> None:
+    """The slots hold the file's bytes (read back through a plain buffered fd)."""
+    for k, e in enumerate(experts):
+        slot = arena.slot(k)
+        for p in range(3):
+            off, n = int(table.offsets[row, e, p]), int(table.nbytes[row, e, p])
+            v = layout.view_offset(off, p)
+            if slot[v : v + n].tobytes() != os.pread(fd, n, off):
+                raise ReadError(
+                    f"{path}: slot bytes differ from the file for layer "
+                    f"{table.layers[row]} expert {e} part {p}"
+                )

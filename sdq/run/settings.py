@@ -1,0 +1,66 @@
+"""What one generation run is set to (`RunSettings`), and the one way command-line flags become it.
+
+`sdq chat`, `sdq bench resident` and `sdq bench peers` declare their run flags through
+`sdq.commands.run_flags.add_run_arguments`, whose argparse destinations are the names of this
+class's fields (and of `SamplerSettings`' fields, and `io_profile`), so `RunSettings.from_args`
+reads the parsed flags of any of them. A flag a command does not declare keeps the default below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from sdq.run.sampler import SamplerSettings
+
+SAMPLER_FIELDS = tuple(f.name for f in dataclasses.fields(SamplerSettings))
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    model: str
+    n_ctx: int = 4096
+    n_ubatch: int = 128
+    threads: int = 2
+    n_predict: int = 64
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    stop_at_eos: bool = True
+    resident: bool = False  # every expert copied into RAM; no plan, no pager
+    ram_budget_mb: float | None = None  # MiB; None: memory available now
+    reserve_mb: float | None = None  # MiB; None: the plan's default
+    max_slots: int | None = None  # cap the arena below what the budget allows
+    io_threads: int | None = None  # None: 3 x threads
+    io_mode: str = "parallel"  # sdq.paging.reads.MODES
+    io_split: int = 1
+    cache_mode: str = "pagecache"  # sdq.paging.reads.CACHE_MODES (the OS page cache)
+    cache_policy: str = "auto"  # sdq.paging.cache.POLICIES
+    # decode: read this many guessed experts of the next layer early; None: 3/4 of the K a
+    # token uses (paged runs only)
+    prefetch_next: int | None = None
+    route_log: str | None = None
+
+    @classmethod
+    def from_args(cls, args, **overrides) -> RunSettings:
+        """Settings from parsed flags, then `overrides` (field=value) on top.
+
+        A field is taken from the flag whose destination is its name, when the parser has that
+        flag and it was given a value (None means not given: the field's default); the sampler
+        from `temp`, `top_k`, `top_p`, `seed` likewise. An `io_profile` (`sdq probe
+        --profile-out`) fills `io_threads` and `io_split` where no flag gave them, and sets
+        `io_mode` to split when its split is > 1 and no flag gave a mode: explicit flags win.
+        """
+        given = {k: v for k, v in vars(args).items() if v is not None}
+        kw = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
+        sampler = {k: given[k] for k in SAMPLER_FIELDS if k in given}
+        if sampler:
+            kw["sampler"] = SamplerSettings(**sampler)
+        if given.get("io_profile"):
+            from sdq.paging.io_profile import load_io_profile
+
+            profile = load_io_profile(given["io_profile"])
+            kw.setdefault("io_threads", profile.io_threads)
+            kw.setdefault("io_split", profile.io_split)
+            if "io_mode" not in kw and kw["io_split"] > 1:
+                kw["io_mode"] = "split"
+        kw.update(overrides)
+        return cls(**kw)
