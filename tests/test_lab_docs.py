@@ -129,3 +129,13 @@ def test_cli_prints_one_line_and_exits_2_on_error(repo, monkeypatch, capsys):
     assert docs.main(["--params", "default"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("docs: error: docs/src/00_demo.md:1:")
+
+
+def test_unknown_index_marker_names_the_known_ones(repo):
+    (repo / "docs" / "src" / "index.md").write_text("# lab\n\n{{index:verdict}}\n")
+    with pytest.raises(LabError) as err:
+        render("default", root=repo)
+    assert str(err.value) == (
+        "docs/src/index.md:3: {{index:verdict}}: the index knows only {{index:notebooks}}, "
+        "{{index:catalogue}}, {{index:verdict_rule}}, {{index:verdicts}}"
+    )

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sdq import files as atomic
 from sdq.errors import LabError
-from sdq.lab import Outputs, atomic
+from sdq.lab import Outputs
 from sdq.lab.formatting import format_value, markdown_table
 from sdq.lab.paths import OUTPUTS_ROOT_ENV, repo_root
 

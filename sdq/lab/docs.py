@@ -7,11 +7,18 @@ outputs/<stem>/<params>/ by replacing markers:
     {{chart:bytes_by_class}} an image link to docs/charts/<stem>/bytes_by_class.svg (copied)
     {{value:expert_bytes}}   a number from values.json; {{value:name:.1f}} with a format spec
 
-docs/index.md is rendered from docs/src/index.md, whose {{index:notebooks}} and
-{{index:catalogue}} become the notebook list and the T1-T12 catalogue with where each table is
-(or "not yet produced"). Only the files under outputs/ are read, so rendering is deterministic
-and the committed outputs/*/default/ alone rebuild docs/ byte for byte. A marker whose target
-does not exist is an error naming the template, line and missing file.
+docs/index.md is rendered from docs/src/index.md, whose markers become
+
+    {{index:notebooks}}     the notebook list
+    {{index:catalogue}}     the T1-T12 catalogue: where each table is (or "not yet produced")
+                            and the verdicts on its seed claims
+    {{index:verdict_rule}}  the verdict rule in words (the "Rule" section of sdq.lab.verdict)
+    {{index:verdicts}}      one line per seed claim recorded in outputs/*/<params>/verdicts.json
+
+A verdict is shown only from a verdicts.json record, and only after its data have been judged
+again and give the same verdict. Only the files under outputs/ are read, so rendering is
+deterministic and the committed outputs/*/default/ alone rebuild docs/ byte for byte. A marker
+whose target does not exist is an error naming the template, line and missing file.
 """
 
 from __future__ import annotations
@@ -24,15 +31,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdq.errors import LabError, SdqError
 from sdq import files as atomic
+from sdq.errors import LabError, SdqError
 from sdq.lab.catalogue import CATALOGUE
 from sdq.lab.formatting import format_value
 from sdq.lab.notebooks import STEM_PATTERN, notebook_paths, read_notebook
+from sdq.lab.outputs import collect_verdicts
 from sdq.lab.paths import repo_root
+from sdq.lab.verdict import RULE, VERDICTS, distinct_numbers, from_record, rejudge
 
 MARKER = re.compile(r"\{\{\s*([a-z]+):([A-Za-z0-9_.-]+)(?::([^}\s]*))?\s*\}\}")
 NOT_PRODUCED = "not yet produced"
+NO_SEED_CLAIM = "no seed claim"  # the table reproduces no seed section (catalogue seed "—")
+NOT_JUDGED = "not yet judged"  # no notebook has recorded a verdict on the table's claims
+INDEX_BLOCKS = ("notebooks", "catalogue", "verdict_rule", "verdicts")
 
 
 @dataclass(frozen=True)
@@ -167,16 +179,23 @@ def _render_index(site: Site, pages: dict[str, str]) -> str:
     if template.is_file():
         text = template.read_text(encoding="utf-8")
     else:
-        text = "# sdq lab\n\n{{index:notebooks}}\n\n{{index:catalogue}}\n"
-    blocks = {"notebooks": _notebook_list(site, pages), "catalogue": _catalogue(site, pages)}
+        text = "# sdq lab\n\n" + "\n\n".join(f"{{{{index:{b}}}}}" for b in INDEX_BLOCKS) + "\n"
+    verdicts = _verdicts(site)
+    blocks = {
+        "notebooks": _notebook_list(site, pages),
+        "catalogue": _catalogue(site, pages, verdicts),
+        "verdict_rule": RULE.rstrip("\n"),
+        "verdicts": _verdict_table(site, verdicts),
+    }
+    assert tuple(blocks) == INDEX_BLOCKS
 
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
         if kind != "index" or name not in blocks:
             line = text.count("\n", 0, match.start()) + 1
+            known = ", ".join(f"{{{{index:{b}}}}}" for b in INDEX_BLOCKS)
             raise LabError(
-                f"{site.rel(template)}:{line}: {match.group(0)}: the index knows only "
-                "{{index:notebooks}} and {{index:catalogue}}"
+                f"{site.rel(template)}:{line}: {match.group(0)}: the index knows only {known}"
             )
         return blocks[name]
 
@@ -203,8 +222,11 @@ def _notebook_list(site: Site, pages: dict[str, str]) -> str:
     return "\n".join(rows)
 
 
-def _catalogue(site: Site, pages: dict[str, str]) -> str:
-    rows = ["| id | seed § | table | notebook | where |", "| --- | --- | --- | --- | --- |"]
+def _catalogue(site: Site, pages: dict[str, str], verdicts: list[dict]) -> str:
+    rows = [
+        "| id | seed § | table | notebook | verdicts | where |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     stems = [p.stem for p in notebook_paths(site.root / "notebooks")]
     for spec in CATALOGUE:
         stem = next((s for s in stems if s.startswith(spec.notebook + "_")), None)
@@ -219,9 +241,76 @@ def _catalogue(site: Site, pages: dict[str, str]) -> str:
             where = " · ".join(links)
         else:
             where = NOT_PRODUCED
+        judged = verdict_summary([r["verdict"] for r in verdicts if r["table"] == spec.id])
+        if not judged:
+            judged = NO_SEED_CLAIM if spec.seed == "—" else NOT_JUDGED
         rows.append(
-            f"| {spec.id} | {spec.seed} | {spec.table} | {stem or spec.notebook} | {where} |"
+            f"| {spec.id} | {spec.seed} | {spec.table} | {stem or spec.notebook} | {judged} "
+            f"| {where} |"
         )
+    return "\n".join(rows)
+
+
+def verdict_summary(words: list[str]) -> str:
+    """A catalogue cell: how many claims got each verdict, in the order of VERDICTS
+    ("2 reproduced · 1 inconclusive"); "" for none."""
+    return " · ".join(f"{words.count(w)} {w}" for w in VERDICTS if w in words)
+
+
+def _verdicts(site: Site) -> list[dict]:
+    """Every verdict record for these params, in catalogue order then by claim, each judged
+    again from its data: a record whose verdict its data do not give is an error."""
+    order = {spec.id: i for i, spec in enumerate(CATALOGUE)}
+    records = []
+    for notebook, record in collect_verdicts(site.root / "outputs", site.params):
+        claim, recorded = from_record(record)
+        again = rejudge(claim, recorded)
+        if again.verdict != recorded.verdict:
+            path = site.rel(site.out(notebook) / "verdicts.json")
+            raise LabError(
+                f"{path}: claim {claim.id} says {recorded.verdict!r} but its "
+                f"{recorded.n} measurements give {again.verdict!r} ({again.reason}); "
+                "rerun the notebook"
+            )
+        records.append({**record, "notebook": notebook})
+    records.sort(key=lambda r: (order[r["table"]], r["claim"]))
+    return records
+
+
+def _verdict_table(site: Site, verdicts: list[dict]) -> str:
+    if not verdicts:
+        return (
+            f"*No notebook has recorded a verdict yet: there is no `verdicts.json` in "
+            f"`outputs/*/{site.params}/`.*"
+        )
+    rows = [
+        "| claim | table | seed | ours (95 % interval) | n | verdict | by the rule "
+        "| why it differs |",
+        "| --- | --- | --- | --- | ---: | --- | --- | --- |",
+    ]
+    for r in verdicts:
+        claim, v = from_record(r)
+        arms = f", {claim.b} / {claim.a}" if claim.kind == "ratio" and claim.a and claim.b else ""
+        est, low, high, seed = distinct_numbers(v.estimate, v.low, v.high, claim.seed)
+        times = "×" if claim.kind == "ratio" else ""
+        if v.estimate is None:
+            ours = f"nothing measured ({v.n} {claim.unit}s)"
+        elif v.low is None:
+            ours = f"{est}{times}, no interval from {v.n} {claim.unit}"
+        else:
+            ours = f"{est}{times} [{low}, {high}]"
+        path = site.rel(site.out(r["notebook"]) / "verdicts.json")
+        cells = [
+            f"{claim.id} ({claim.metric}{arms})",
+            f"[{claim.table}](#table-catalogue)",
+            f"{claim.seed_figure} ({seed}{times})",
+            ours,
+            str(v.n),
+            f"[{v.verdict}](../{path})",
+            v.reason,
+            v.why,
+        ]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
 
 

@@ -4,6 +4,7 @@
     out.table("T2", df, title="...", note="...")       # tables/T2.json + tables/T2.md
     out.chart("bytes_by_class", chart)                 # charts/bytes_by_class.svg, .png, .vl.json
     out.value("expert_bytes", 1900544)                 # values.json
+    out.verdict(claim, judge(claim, pairs, why="..."))  # verdicts.json (sdq.lab.verdict)
 
 Every file is written to a temporary name and renamed. A relative `root` is taken from the
 repository root, so a notebook writes to the same place from Jupyter (cwd notebooks/) and from
@@ -18,13 +19,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sdq.errors import LabError
 from sdq import files as atomic
+from sdq.errors import LabError
 from sdq.lab.formatting import markdown_table, to_json_value
 from sdq.lab.paths import default_outputs_root, repo_root
+from sdq.lab.verdict import Claim, Verdict, from_record, to_record
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEFAULT_ROOT = "outputs"
+VERDICTS_FILE = "verdicts.json"
 PNG_SCALE = 2  # PNG pixels per SVG unit
 
 
@@ -101,6 +104,68 @@ class Outputs:
         values[name] = jv
         atomic.write_json(path, values)
         return v
+
+    def verdict(self, claim: Claim, verdict: Verdict) -> Verdict:
+        """Record a seed claim's verdict in verdicts.json (one record per claim, by claim id).
+
+        `verdict` comes from `sdq.lab.verdict.judge` (or `judge_level`) on `claim` and must say
+        `why` in one line: how ours differs from the seed (device, model, method) or agrees.
+        Recording a claim again replaces its record.
+        """
+        if not isinstance(verdict.why, str) or not verdict.why.strip():
+            raise LabError(
+                f"verdict {claim.id}: `why` is empty; say in one line why ours differs from "
+                "the seed (device, model, method) or why it agrees: judge(..., why='...')"
+            )
+        if not verdict.why.isprintable() or "|" in verdict.why:
+            raise LabError(f"verdict {claim.id}: `why` must be one printable line without '|'")
+        record = to_record(claim, verdict)
+        path = self.dir / VERDICTS_FILE
+        records = (
+            [r for r in read_verdicts(path) if r["claim"] != claim.id] if path.exists() else []
+        )
+        records.append(record)
+        records.sort(key=lambda r: r["claim"])
+        atomic.write_json(path, records)
+        return verdict
+
+
+def read_verdicts(path: Path) -> list[dict[str, Any]]:
+    """The records of one verdicts.json, each checked by `sdq.lab.verdict.from_record`."""
+    try:
+        records = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LabError(f"{path}: cannot read verdicts: {exc}") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise LabError(f"{path}: verdicts must be a JSON list of records")
+    seen: set[str] = set()
+    for r in records:
+        try:
+            claim, _ = from_record(r)
+        except LabError as exc:
+            raise LabError(f"{path}: {exc}") from None
+        if claim.id in seen:
+            raise LabError(f"{path}: claim {claim.id} recorded twice")
+        seen.add(claim.id)
+    return records
+
+
+def collect_verdicts(outputs: Path, params_name: str) -> list[tuple[str, dict[str, Any]]]:
+    """(notebook, record) for every record of outputs/*/<params_name>/verdicts.json, by
+    notebook then claim; a claim recorded by two notebooks is a LabError naming both."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    owner: dict[str, str] = {}
+    for path in sorted(Path(outputs).glob(f"*/{params_name}/{VERDICTS_FILE}")):
+        notebook = path.parent.parent.name
+        for record in read_verdicts(path):
+            if record["claim"] in owner:
+                raise LabError(
+                    f"claim {record['claim']} has verdicts from two notebooks: "
+                    f"{owner[record['claim']]} and {notebook}"
+                )
+            owner[record["claim"]] = notebook
+            found.append((notebook, record))
+    return found
 
 
 def _check_name(what: str, name: str) -> None:
