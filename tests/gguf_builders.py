@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
+
+from sdq.format.quants import block_facts
 
 Q = GGMLQuantizationType
 
@@ -53,7 +55,7 @@ def _tensor(rng, shape_np: tuple[int, ...], qtype: GGMLQuantizationType) -> np.n
         return values.astype(np.float16)
     if qtype in (Q.Q8_0, Q.Q4_0, Q.BF16):
         return quantize(values, qtype)
-    block, size = GGML_QUANT_SIZES[qtype]
+    block, size = block_facts(qtype)
     *lead, cols = shape_np
     return rng.integers(0, 256, (*lead, cols // block * size), dtype=np.uint8)
 

@@ -30,7 +30,7 @@ from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from sdq.errors import GGUFError, UnsupportedError
 from sdq.format.header import Header, read_header
-from sdq.format.quants import SUPPORTED_COMPUTE, row_bytes, tensor_bytes
+from sdq.format.quants import SUPPORTED_COMPUTE, qtype_of, row_bytes, tensor_bytes
 
 Q = GGMLQuantizationType
 PARTS = ("gate", "up", "down")
@@ -400,12 +400,7 @@ def _tensor_infos(header: Header) -> dict[str, TensorInfo]:
     """Validate every directory entry against the quant table, the alignment and the file size."""
     path, out = header.path, {}
     for raw in header.tensors:
-        try:
-            qtype = GGMLQuantizationType(raw.type_value)
-        except ValueError:
-            raise GGUFError(
-                f"{path}: tensor {raw.name} has unknown GGML type {raw.type_value}"
-            ) from None
+        qtype = qtype_of(raw.type_value, f"{path}: tensor {raw.name}")
         nbytes = tensor_bytes(qtype, raw.dims, what=f"{path}: tensor {raw.name}")
         if raw.rel_offset % header.alignment:
             raise GGUFError(

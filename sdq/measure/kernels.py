@@ -74,9 +74,10 @@ def _times(fn, repeats: int) -> tuple[float, float]:
 def _random_matrix(rng, qt, rows, cols):
     import numpy as np
     from gguf import GGMLQuantizationType as QT
-    from gguf.constants import GGML_QUANT_SIZES
 
-    bs, ts = GGML_QUANT_SIZES[qt]
+    from sdq.format.quants import block_facts
+
+    bs, ts = block_facts(qt)
     nb = rows * cols // bs
     raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
     for o in {QT.Q6_K: [208], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2]}.get(qt, [0]):
