@@ -12,7 +12,8 @@ from sdq.run.engine import DenseWeights, Engine, ResidentExperts
 from sdq.errors import SdqError
 from sdq.format.model import open_model
 from sdq.run.plan import plan_for_slots
-from sdq.paging.cache import ExpertCache, RouteLog
+from sdq.paging.cache import ExpertCache
+from sdq.paging.route_log import RouteLog
 from sdq.run.workspace import Workspace, workspace_bytes
 
 TOKENS = np.random.default_rng(5).integers(0, 300, 45)

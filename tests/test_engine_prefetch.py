@@ -9,10 +9,10 @@ import pytest
 from engine_support import Dims, write_model
 from gguf.constants import GGMLQuantizationType as Q
 
-from sdq.run.engine import Engine, ResidentExperts
 from sdq.format.model import open_model
-from sdq.run.plan import plan_for_slots
 from sdq.paging.cache import CacheSettings, ExpertCache
+from sdq.run.engine import Engine, ResidentExperts
+from sdq.run.plan import plan_for_slots
 from sdq.run.workspace import Workspace
 
 
@@ -32,12 +32,17 @@ def file_bytes(model, layer, expert):
         return parts
 
 
+def wait_all(handle):
+    for i in range(len(handle.experts)):
+        handle.wait(i)
+
+
 def test_prefetch_never_takes_a_pinned_slot(q8_model):
     K, E = q8_model.spec.n_expert_used, q8_model.spec.n_expert
     pinned = [1, 4, 7]
     with ExpertCache(q8_model, plan_for_slots(q8_model, K + 2)) as cache:
         handle = cache.acquire(0, pinned)
-        handle.wait_all()
+        wait_all(handle)
         # all 12 experts of the next layer with 2 slots unpinned: 2 reads start, and no later
         # id takes the slot of an earlier one (that would put two reads into one slot)
         started = cache.prefetch(1, range(E))
@@ -59,14 +64,14 @@ def test_prefetched_experts_hold_their_own_bytes(q8_model):
     with ExpertCache(q8_model, plan_for_slots(q8_model, K + 2)) as cache:
         for layer in range(3):
             handle = cache.acquire(layer, [0, 5, 9])
-            handle.wait_all()
+            wait_all(handle)
             cache.prefetch((layer + 1) % 3, range(E))
             cache.release(handle)
             nxt = (layer + 1) % 3
             ids = cache.cached(nxt)
             assert ids
             check = cache.acquire(nxt, ids)
-            check.wait_all()
+            wait_all(check)
             for i, e in enumerate(ids):
                 assert [v.tobytes() for v in check.views(i)] == file_bytes(q8_model, nxt, e)
             cache.release(check)
@@ -94,7 +99,7 @@ def test_next_layer_prefetch_keeps_the_logits(q8_model, policy, extra):
     tokens = np.random.default_rng(2).integers(0, spec.n_vocab, 30)
     base = decode(q8_model, ResidentExperts(q8_model), tokens, prefetch=False)
     settings = CacheSettings(policy=policy, prefetch_slots=K)
-    plan = plan_for_slots(q8_model, L * K - 1 + K + extra)  # below one token's experts + K
+    plan = plan_for_slots(q8_model, L * K - 1 + K + extra, cache=settings)  # < a token's + K
     with ExpertCache(q8_model, plan, settings=settings) as cache:
         got = decode(q8_model, cache, tokens, prefetch=True)
         s = cache.stats

@@ -13,8 +13,8 @@ from pager_support import last_expert, make_model
 
 from sdq import _io
 from sdq.errors import ParamsError, ReadError
+from sdq.paging.arena import Arena
 from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout, _chunks
-from sdq.paging.cache import Arena
 
 MODES = [("serial", 1), ("parallel", 1), ("split", 2), ("split", 3), ("split", 8)]
 CACHE_MODES = ["pagecache", "dontneed", "direct"]

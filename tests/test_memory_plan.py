@@ -9,6 +9,7 @@ from pager_support import make_model
 
 from sdq.cli import main
 from sdq.errors import PlanError
+from sdq.paging.cache import POLICIES, CacheSettings, ExpertCache
 from sdq.paging.reads import SlotLayout
 from sdq.run.plan import IO_THREAD_STACK_BYTES, MB, SLOT_META_BYTES, plan_memory
 from sdq.run.workspace import workspace_bytes
@@ -49,8 +50,32 @@ def test_too_small_budget_states_the_minimum(model):
     with pytest.raises(PlanError, match=rf"minimum budget {minimum_mb:.1f} MB") as info:
         plan_memory(model, minimum_mb - 0.01, 256, 16, reserve_mb=8, rss_now=10 * MB)
     assert "at least 2 are needed" in str(info.value)
-    with pytest.raises(PlanError, match="at least 5 are needed"):
-        plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MB, extra_slots=3)
+    bypass = CacheSettings(policy="lrfu_bypass", prefetch_slots=1)  # K cache + K + 1 streaming
+    with pytest.raises(PlanError, match="at least 5 are needed .* 3 streaming slots"):
+        plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MB, cache=bypass)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_cache_opens_at_the_plans_minimum(model, policy, prefetch):
+    """At the smallest budget the plan accepts for a policy, the cache opens and serves a
+    layer's experts; 1 MB less and the plan refuses, naming that minimum."""
+    cache = CacheSettings(policy=policy, prefetch_slots=prefetch)
+    kw = dict(n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=10 * MB, cache=cache)
+    minimum_mb = plan_memory(model, 64, **kw).min_budget_bytes / MB
+    plan = plan_memory(model, minimum_mb, **kw)
+    assert plan.slots == plan.min_slots
+    with ExpertCache(model, plan, settings=cache) as experts:
+        K = model.spec.n_expert_used
+        assert experts.max_acquire >= K
+        layer = model.experts.layers[0]
+        handle = experts.acquire(layer, range(K))
+        for i in range(K):
+            handle.wait(i)
+        experts.release(handle)
+        experts.prefetch(model.experts.layers[1], range(K))
+    with pytest.raises(PlanError, match=rf"minimum budget {minimum_mb:.1f} MB"):
+        plan_memory(model, minimum_mb - 1, **kw)
 
 
 def test_rss_is_measured_when_not_given(model):
@@ -76,6 +101,11 @@ def test_plan_command_table_json_and_error(gguf_model, capsys):
     assert main([*args, "--reserve-mb", "10", "--cache-mode", "direct", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["slots"] > 0 and d["slot_bytes"] % 4096 == 0 and d["cache_mode"] == "direct"
+    assert main([*args, "--reserve-mb", "10", "--cache-policy", "lrfu_bypass", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    K = d["n_expert_used"]
+    assert d["cache_policy"] == "lrfu_bypass" and d["prefetch_slots"] == 3 * K // 4  # chat's
+    assert d["min_slots"] == 2 * K + d["prefetch_slots"]
     args[3] = "5"
     assert main(args) == 2
     err = capsys.readouterr().err

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from pager_support import make_model
 
 from sdq.errors import PlanError, ReadError
+from sdq.paging.cache import CacheSettings, ExpertCache
+from sdq.paging.reads import IOSettings
+from sdq.paging.route_log import RouteLog
 from sdq.run.plan import plan_for_slots
-from sdq.paging.cache import CacheSettings, ExpertCache, IOSettings, RouteLog
 
 
 @pytest.fixture(scope="module")
@@ -32,26 +34,22 @@ def check_views(model, h):
             assert view.tobytes() == want
 
 
-class PolicyModel:
-    """What the cache must do, written as plainly as possible."""
+class LRUModel:
+    """What the cache must do under policy lru, written as plainly as possible."""
 
-    def __init__(self, capacity: dict[int, int], scope_of, min_hits: int):
+    def __init__(self, capacity: int):
         self.capacity = capacity
-        self.scope_of = scope_of
-        self.min_hits = min_hits
-        self.lru = {s: OrderedDict() for s in capacity}  # key -> None, oldest first
+        self.lru = OrderedDict()  # key -> None, oldest first
         self.pins: Counter = Counter()
-        self.seen: Counter = Counter()
 
     def acquire(self, row, ids):
         """-> (hits, pinned keys) or raises PlanError after rolling back like the cache."""
-        lru = self.lru[self.scope_of(row)]
+        lru = self.lru
         group = {(row, e) for e in ids}  # an acquire never evicts what it requests
         hits, pinned, new = [], [], []
         try:
             for e in ids:
                 key = (row, e)
-                self.seen[key] += 1
                 if key in lru:
                     hits.append(True)
                     lru.move_to_end(key)
@@ -59,9 +57,7 @@ class PolicyModel:
                     pinned.append(key)
                     continue
                 hits.append(False)
-                if self.seen[key] < self.min_hits:
-                    continue
-                if len(lru) >= self.capacity[self.scope_of(row)]:
+                if len(lru) >= self.capacity:
                     victim = next((k for k in lru if not self.pins[k] and k not in group), None)
                     if victim is None:
                         raise PlanError("all pinned")
@@ -71,8 +67,6 @@ class PolicyModel:
                 pinned.append(key)
                 new.append(key)
         except PlanError:
-            for e in ids[: len(hits)]:
-                self.seen[(row, e)] -= 1
             for key in pinned:
                 self.pins[key] -= 1
             for key in new:
@@ -85,7 +79,7 @@ class PolicyModel:
             self.pins[key] -= 1
 
     def cached(self, row):
-        return sorted(e for lru in self.lru.values() for (r, e) in lru if r == row)
+        return sorted(e for (r, e) in self.lru if r == row)
 
 
 ops = st.lists(
@@ -103,26 +97,12 @@ ops = st.lists(
 @settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(
-    ops=ops,
-    scope=st.sampled_from(["global", "layer"]),
-    min_hits=st.integers(1, 3),
-    slots=st.integers(6, 12),
-)
-def test_policy_matches_the_model(model, ops, scope, min_hits, slots):
+@given(ops=ops, slots=st.integers(2, 12))
+def test_lru_matches_the_model(model, ops, slots):
     table = model.experts
-    n_scratch = 2 if min_hits > 1 else 0
-    plan = plan_for_slots(model, slots + n_scratch)
-    cache = ExpertCache(
-        model,
-        plan,
-        IOSettings(threads=2),
-        CacheSettings(scope=scope, policy="lru", min_hits=min_hits),
-    )
-    if scope == "global":
-        ref = PolicyModel({0: slots}, lambda r: 0, min_hits)
-    else:
-        ref = PolicyModel({r: slots // 3 for r in range(3)}, lambda r: r, min_hits)
+    cs = CacheSettings(policy="lru")
+    cache = ExpertCache(model, plan_for_slots(model, slots, cache=cs), IOSettings(threads=2), cs)
+    ref = LRUModel(slots)
     handles = []  # (cache handle, model pinned keys)
     try:
         for op, a, ids in ops:
@@ -133,8 +113,8 @@ def test_policy_matches_the_model(model, ops, scope, min_hits, slots):
                     ref.release(pinned)
                 continue
             layer, ids = table.layers[a], sorted(ids)
-            if len(handles) >= 3 or (min_hits > 1 and handles):
-                continue  # scratch slots hold one handle's bypassed experts
+            if len(handles) >= 3:
+                continue
             try:
                 hits, pinned = ref.acquire(a, ids)
             except PlanError:
@@ -149,30 +129,12 @@ def test_policy_matches_the_model(model, ops, scope, min_hits, slots):
                 assert cache.cached(lay) == ref.cached(r)
         s = cache.stats
         assert s["lookups"] == s["hits"] + s["misses"]
+        assert s["lookups"] == sum(lookups for lookups, _, _ in s["layers"].values())
+        assert s["bypassed"] == s["overflow_admits"] == 0
     finally:
         for h, _ in handles:
             cache.release(h)
         cache.close()
-
-
-def test_bypassed_misses_use_scratch_and_are_counted(model):
-    cache = ExpertCache(model, plan_for_slots(model, 8), settings=CacheSettings(min_hits=2))
-    layer = model.experts.layers[0]
-    h = cache.acquire(layer, [1, 2])
-    check_views(model, h)
-    cache.release(h)
-    assert cache.cached(layer) == [] and cache.stats["bypassed"] == 2
-    h = cache.acquire(layer, [1, 2])  # second lookup: admitted now
-    check_views(model, h)
-    cache.release(h)
-    assert cache.cached(layer) == [1, 2]
-    h = cache.acquire(layer, [1, 2])
-    assert h.hits == (True, True)
-    cache.release(h)
-    s = cache.stats
-    assert (s["lookups"], s["hits"], s["misses"], s["bypassed"]) == (6, 2, 4, 2)
-    assert s["layers"][layer] == [6, 2, 4]
-    cache.close()
 
 
 def test_all_slots_pinned_is_a_clear_error(model):
@@ -186,27 +148,16 @@ def test_all_slots_pinned_is_a_clear_error(model):
     cache.close()
 
 
-def test_per_layer_scope_needs_k_slots_per_layer(model):
-    with pytest.raises(PlanError, match=r"6 slots needed, minimum budget [\d.]+ MB"):
-        ExpertCache(model, plan_for_slots(model, 5), settings=CacheSettings(scope="layer"))
+def test_too_few_slots_for_the_policy_state_the_minimum(model):
+    cs = CacheSettings(policy="lrfu_bypass", prefetch_slots=1)  # K cache + K + 1 streaming
+    with pytest.raises(PlanError, match=r"5 slots needed, minimum budget [\d.]+ MB"):
+        ExpertCache(model, plan_for_slots(model, 4, cache=cs), settings=cs)
 
 
-def test_hot_pins_stay(model):
-    t = model.experts
-    hot = ((t.layers[0], 5), (t.layers[1], 6), (t.layers[2], 7))
-    cache = ExpertCache(model, plan_for_slots(model, 5), settings=CacheSettings(hot=hot, hot_pin=3))
-    rng = random.Random(0)
-    for _ in range(50):
-        layer = rng.choice(t.layers)
-        h = cache.acquire(layer, rng.sample(range(5), 2))
-        cache.release(h)
-    for layer, e in hot:
-        assert e in cache.cached(layer)
-        h = cache.acquire(layer, [e])
-        assert h.hits == (True,)
-        check_views(model, h)
-        cache.release(h)
-    cache.close()
+def test_the_plan_must_be_made_for_the_cache_settings(model):
+    plan = plan_for_slots(model, 8, cache=CacheSettings(policy="lru"))
+    with pytest.raises(PlanError, match="counted slots for cache policy lru with 0 prefetch"):
+        ExpertCache(model, plan, settings=CacheSettings(policy="lrfu_bypass"))
 
 
 def test_prefetch_turns_misses_into_hits(model):
@@ -228,17 +179,21 @@ def test_prefetch_turns_misses_into_hits(model):
     cache.close()
 
 
-@pytest.mark.parametrize("cache_mode, min_hits", [("pagecache", 1), ("dontneed", 2), ("direct", 1)])
-def test_threads_stress(model, cache_mode, min_hits):
+@pytest.mark.parametrize(
+    "cache_mode, policy", [("pagecache", "lru"), ("dontneed", "lrfu_bypass"), ("direct", "auto")]
+)
+def test_threads_stress(model, cache_mode, policy):
     """Several threads acquire and release random experts: right bytes, no deadlock, sums add up."""
     t = model.experts
     n_threads, iters, k = 4, 60, 2
-    plan = plan_for_slots(model, n_threads * k + 4 + (k if min_hits > 1 else 0), cache_mode)
+    cs = CacheSettings(policy=policy)
+    plan = plan_for_slots(
+        model, n_threads * k + 4 + (k if policy == "lrfu_bypass" else 0), cache_mode, cs
+    )
     io = IOSettings(threads=3, mode="split", split=2, cache_mode=cache_mode)
-    cache = ExpertCache(model, plan, io, CacheSettings(min_hits=min_hits))
+    cache = ExpertCache(model, plan, io, cs)
     lookups = Counter()
     errors = []
-    scratch_lock = threading.Lock()  # admission's K scratch slots: one bypassing handle at a time
 
     def work(seed):
         rng = random.Random(seed)
@@ -246,12 +201,11 @@ def test_threads_stress(model, cache_mode, min_hits):
             for _ in range(iters):
                 layer = rng.choice(t.layers)
                 ids = rng.sample(range(t.n_expert), rng.randint(1, k))
-                with scratch_lock if min_hits > 1 else _null():
-                    h = cache.acquire(layer, ids)
-                    for i in h.ready_order():
-                        h.wait(i)
-                    check_views(model, h)
-                    cache.release(h)
+                h = cache.acquire(layer, ids)
+                for i in h.ready_order():
+                    h.wait(i)
+                check_views(model, h)
+                cache.release(h)
                 lookups[seed] += len(ids)
         except Exception as exc:  # reported below
             errors.append(exc)
@@ -268,14 +222,6 @@ def test_threads_stress(model, cache_mode, min_hits):
     assert sum(v[0] for v in s["layers"].values()) == s["lookups"]
     assert s["read_ms"] > 0 and s["wait_ms"] >= 0 and s["read_errors"] == 0
     cache.close()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_truncated_file_fails_the_waiting_expert_only(tmp_path):
@@ -306,17 +252,13 @@ class _Only:
         return self.h.views(self.i)
 
 
-def test_route_log_round_trip(model, tmp_path):
+def test_route_log_round_trip(tmp_path):
     path = tmp_path / "routes.jsonl"
-    cache = ExpertCache(
-        model, plan_for_slots(model, 4), settings=CacheSettings(route_log=str(path))
-    )
-    cache.log_route("decode", 7, 2, [5, 1], [0.75, 0.25])
-    cache.log_routes(
-        "prefill", 0, 1, np.array([[1, 2], [3, 4]]), np.array([[0.5, 0.5], [0.9, 0.1]])
-    )
+    log = RouteLog(path)
+    log.write("decode", 7, 2, [5, 1], [0.75, 0.25])
+    log.write_batch("prefill", 0, 1, np.array([[1, 2], [3, 4]]), np.array([[0.5, 0.5], [0.9, 0.1]]))
     assert not path.exists()  # written under a temporary name until closed
-    cache.close()
+    log.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert records[0] == {
         "phase": "decode",
@@ -326,10 +268,7 @@ def test_route_log_round_trip(model, tmp_path):
         "weights": [0.75, 0.25],
     }
     assert [r["pos"] for r in records[1:]] == [0, 1] and records[2]["experts"] == [3, 4]
-    log = RouteLog(tmp_path / "engine.jsonl")  # the engine's hook signature
-    log("decode", 3, 0, np.array([[1, 2]]), np.array([[0.6, 0.4]]), np.array([9]))
-    log.close()
-    assert json.loads((tmp_path / "engine.jsonl").read_text())["pos"] == 3
+    assert records[2]["weights"] == [0.9, 0.1]
 
 
 def test_bad_ids_are_rejected(model):
@@ -341,14 +280,18 @@ def test_bad_ids_are_rejected(model):
     cache.close()
 
 
-def test_scratch_overflow_admits_instead_of_failing(model):
-    cache = ExpertCache(model, plan_for_slots(model, 10), settings=CacheSettings(min_hits=2))
+def test_streaming_overflow_admits_instead_of_failing(model):
+    cs = CacheSettings(policy="lrfu_bypass")
+    cache = ExpertCache(model, plan_for_slots(model, 4, cache=cs), settings=cs)  # 2 cache + K
     layer = model.experts.layers[2]
-    h = cache.acquire(layer, [0, 1, 2, 3])  # K = 2 scratch slots for 4 first-seen experts
+    for _ in range(3):  # experts 0 and 1 score ~3: a first-seen expert is weaker
+        cache.release(cache.acquire(layer, [0, 1]))
+    h = cache.acquire(layer, [2, 3, 4])  # K = 2 streaming slots for 3 weaker misses
     check_views(model, h)
     cache.release(h)
     s = cache.stats
-    assert (s["bypassed"], s["overflow_admits"]) == (2, 2)
-    assert len(cache.cached(layer)) == 2
-    assert s["reads"] >= 12 and s["io_busy_ms"] > 0
+    assert (s["bypassed"], s["overflow_admits"], s["evictions"]) == (2, 1, 1)
+    assert cache.cached(layer) == [1, 4]  # 4 took the least recent slot (0's)
+    assert s["layers"][layer] == [9, 4, 5]
+    assert s["reads"] >= 15 and s["io_busy_ms"] > 0
     cache.close()

@@ -15,8 +15,8 @@ from pager_support import make_model
 from sdq.analysis.replay import global_stream
 from sdq.analysis.simulate import PolicyParams, simulate_groups
 from sdq.errors import ParamsError, PlanError
-from sdq.run.plan import plan_for_slots
 from sdq.paging.cache import CacheSettings, ExpertCache
+from sdq.run.plan import plan_for_slots
 
 L, E, K = 3, 8, 2
 
@@ -41,15 +41,20 @@ def skewed_trace(seed: int, tokens: int) -> np.ndarray:
     return out
 
 
+def open_cache(model, settings, slots):
+    return ExpertCache(model, plan_for_slots(model, slots, cache=settings), settings=settings)
+
+
 def replay(model, trace, settings, slots):
     """Acquires the trace token by token, layer by layer; -> (misses per token, stats)."""
     misses = []
-    with ExpertCache(model, plan_for_slots(model, slots), settings=settings) as cache:
+    with open_cache(model, settings, slots) as cache:
         for token in trace:
             n = 0
             for row, ids in enumerate(token):
                 h = cache.acquire(model.experts.layers[row], ids)
-                h.wait_all()
+                for i in range(len(ids)):
+                    h.wait(i)
                 want = model.expert_bytes(h.layer, int(ids[-1]))
                 assert [v.tobytes() for v in h.views(len(ids) - 1)] == want
                 n += h.hits.count(False)
@@ -84,18 +89,6 @@ def test_global_arena_equals_simulation(model, seed, slots, half_life):
     assert stats["cached"] <= slots - K  # K slots stream
 
 
-def test_layer_scope_equals_per_layer_simulation(model):
-    trace = skewed_trace(7, tokens=60)
-    share = 3  # cache slots per layer; K streaming slots shared by all layers
-    cs = CacheSettings(scope="layer", policy="lrfu_bypass", half_life=8.0)
-    misses, stats = replay(model, trace, cs, L * share + K)
-    params = PolicyParams(half_life=8.0)
-    expect = sum(
-        simulate_groups(trace[:, row], E, share + K, "lrfu_bypass", params) for row in range(L)
-    )
-    assert int(misses.sum()) == expect == stats["misses"]
-
-
 def test_beats_lru_where_a_token_does_not_fit(model):
     trace = skewed_trace(3, tokens=80)
     slots = L * K - 1
@@ -105,14 +98,19 @@ def test_beats_lru_where_a_token_does_not_fit(model):
 
 
 def test_auto_picks_by_arena_size(model):
-    cases = [(2 * K, "lrfu_bypass"), (L * K - 1, "lrfu_bypass"), (L * K, "layer_lrfu")]
-    cases.append((2 * K - 1, "layer_lrfu"))  # no room for K streaming slots beside K cached
-    for slots, want in cases:
-        with ExpertCache(model, plan_for_slots(model, slots)) as cache:
+    cases = [  # (slots, prefetch slots, policy)
+        (2 * K, 0, "lrfu_bypass"),
+        (L * K - 1, 0, "lrfu_bypass"),
+        (L * K, 0, "layer_lrfu"),
+        (2 * K - 1, 0, "layer_lrfu"),  # no room for K streaming slots beside K cached
+        (2 * K, 1, "layer_lrfu"),  # nor for a prefetch slot besides
+        (2 * K + 1, 1, "lrfu_bypass"),
+    ]
+    for slots, prefetch, want in cases:
+        with open_cache(model, CacheSettings(prefetch_slots=prefetch), slots) as cache:
             assert cache.policy == want, slots
-    for cs in (CacheSettings(scope="layer"), CacheSettings(min_hits=2)):
-        with ExpertCache(model, plan_for_slots(model, 3 * L * K), settings=cs) as cache:
-            assert cache.policy == "lru"
+            streaming = K + prefetch if want == "lrfu_bypass" else 0
+            assert cache.max_acquire == slots - streaming
 
 
 @settings(
@@ -142,14 +140,10 @@ def test_bad_settings_are_one_line_errors(model):
         CacheSettings(policy="mru")
     with pytest.raises(ParamsError, match="half_life 0"):
         CacheSettings(half_life=0)
-    with pytest.raises(ParamsError, match="min_hits > 1"):
-        CacheSettings(policy="lrfu_bypass", min_hits=2)
-    with pytest.raises(ParamsError, match="layer_lrfu ranks layers"):
-        CacheSettings(policy="layer_lrfu", scope="layer")
+    with pytest.raises(ParamsError, match="prefetch_slots -1"):
+        CacheSettings(prefetch_slots=-1)
     with pytest.raises(PlanError, match="slots cannot hold"):
-        ExpertCache(
-            model, plan_for_slots(model, K + 1), settings=CacheSettings(policy="lrfu_bypass")
-        )
+        open_cache(model, CacheSettings(policy="lrfu_bypass"), K + 1)
 
 
 def replay_prefetching(model, trace, settings, slots, guess):
@@ -157,7 +151,7 @@ def replay_prefetching(model, trace, settings, slots, guess):
     engine does (the last layer's guess is the next token's layer 0)."""
     misses = []
     flat = [(t, row) for t in range(len(trace)) for row in range(L)]
-    with ExpertCache(model, plan_for_slots(model, slots), settings=settings) as cache:
+    with open_cache(model, settings, slots) as cache:
         n = 0
         for i, (t, row) in enumerate(flat):
             ids = trace[t, row]

@@ -2,7 +2,13 @@
 
     reads.py     the C read pool's Python side (sdq._io): read tables per layer, I/O and
                  page-cache modes (`--io-mode`, `--cache-mode`: the OS page cache)
-    cache.py     the expert cache (`--cache-policy`): arena slots, pins, handles, counters
+    arena.py     the Arena: one anonymous mapping (huge pages) cut into expert slots
+    cache.py     the expert cache: acquire / release / prefetch, pins, handles, counters
+    residents.py which expert is in which cache slot, recency orders, request scores
+    policies.py  replacement policies (`--cache-policy`) and the slots each one needs
+    prefetch.py  next-layer prefetch into streaming slots (lrfu_bypass); the prefetch width
+    views.py     an expert's gate / up / down as views of its slot
+    route_log.py the route log (`--route-log`): JSON lines of the router's choices
     io_profile.py the I/O settings a probe recommends (`sdq probe --profile-out`)
 
 "cache" in this folder means the expert cache (slots of the arena), never the OS page cache,

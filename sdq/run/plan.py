@@ -15,9 +15,12 @@ grew after sizing the arena is what crashed the 8 GB machine):
   reserve       head room for what is not modelled (allocator slack, JIT code); seed default 900
 Plan first, then load the dense weights and allocate: the plan measures RSS as it is now.
 
-A budget that cannot hold `min_slots` slots (K = experts used per token, so one layer's experts
-fit at once; more when pinning or admission needs scratch slots) raises PlanError stating the
-smallest budget that would.
+The expert cache's policy decides how the slots are used (sdq.paging.policies): K cache slots
+at least (K = experts used per token, so one layer's experts fit at once), plus lrfu_bypass's
+streaming slots (K for the misses it reads past the cache, and one per prefetched expert). A
+budget that cannot hold `min_slots` slots raises PlanError stating the smallest budget that
+would; the cache takes its split of the slots from the plan (MemoryPlan.slot_split), so a plan
+that passes never fails in the cache for want of slots.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from sdq.errors import PlanError
+from sdq.paging.cache import CacheSettings
+from sdq.paging.policies import SlotSplit, min_slots, split_slots
 from sdq.paging.reads import SlotLayout, expert_table
 
 MB = 1 << 20
@@ -57,6 +62,21 @@ class MemoryPlan:
     n_ctx: int
     n_ubatch: int
     io_threads: int
+    cache_policy: str  # CacheSettings.policy the slots are counted for ("auto" unresolved)
+    prefetch_slots: int  # CacheSettings.prefetch_slots
+    n_expert_used: int  # K
+    n_moe_layers: int
+
+    @property
+    def slot_split(self) -> SlotSplit:
+        """How the expert cache uses the slots: its policy, cache and streaming slots."""
+        return split_slots(
+            self.cache_policy,
+            self.slots,
+            self.n_moe_layers,
+            self.n_expert_used,
+            self.prefetch_slots,
+        )
 
     @property
     def fixed_bytes(self) -> int:
@@ -107,11 +127,19 @@ class MemoryPlan:
             (
                 "expert arena",
                 self.arena_bytes / MB,
-                f"{self.slots} slots x {self.slot_bytes / MB:.3f} MB ({self.cache_mode})",
+                f"{self.slots} slots x {self.slot_bytes / MB:.3f} MB ({self.cache_mode}); "
+                f"{self._split_note()}",
             ),
             ("left over", self.left_bytes / MB, "less than one slot"),
             ("budget", self.ram_budget_bytes / MB, f"minimum {self.min_budget_bytes / MB:.1f} MB"),
         ]
+
+    def _split_note(self) -> str:
+        split = self.slot_split
+        note = f"policy {split.policy}: {split.cache} cache"
+        if split.streaming:
+            note += f" + {split.streaming} streaming"
+        return note
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -134,18 +162,20 @@ def plan_memory(
     *,
     cache_mode: str = "pagecache",
     io_threads: int = 8,
-    extra_slots: int = 0,
     compute_threads: int = 1,
+    cache: CacheSettings | None = None,
 ) -> MemoryPlan:
-    """Plans the arena for `model` under `ram_budget_mb`.
+    """Plans the arena for `model` under `ram_budget_mb`, for the expert cache's settings
+    `cache` (default CacheSettings()).
 
-    extra_slots: slots needed beyond K (hot pins, admission scratch) for the minimum.
-    Raises PlanError when the budget holds fewer than K + extra_slots slots.
+    Raises PlanError when the budget holds fewer slots than the cache's policy needs.
     """
     from sdq.run.workspace import workspace_bytes
 
+    cache = cache or CacheSettings()
     table = expert_table(model)
     spec = model.spec
+    K = int(spec.n_expert_used)
     layout = SlotLayout.for_table(table, cache_mode)
     ws = workspace_bytes(spec, n_ctx, n_ubatch, compute_threads)
     kv = sum(b for name, b in ws.items() if name.endswith("cache"))
@@ -163,20 +193,28 @@ def plan_memory(
         slot_bytes=layout.slot_bytes,
         slot_meta_bytes=SLOT_META_BYTES,
         slots=0,
-        min_slots=int(spec.n_expert_used) + int(extra_slots),
+        min_slots=min_slots(cache.policy, K, cache.prefetch_slots),
         cache_mode=cache_mode,
         align=layout.align,
         n_ctx=n_ctx,
         n_ubatch=n_ubatch,
         io_threads=io_threads,
+        cache_policy=cache.policy,
+        prefetch_slots=cache.prefetch_slots,
+        n_expert_used=K,
+        n_moe_layers=len(table.layers),
     )
     left = budget - base.fixed_bytes
     slots = max(left // base.per_slot_bytes, 0)
     if slots < base.min_slots:
+        streaming = base.min_slots - K
+        needs = f"experts used per token {K}"
+        if streaming:
+            needs += f" + {streaming} streaming slots of cache policy {cache.policy}"
         raise PlanError(
             f"RAM budget {ram_budget_mb:g} MB holds {slots} expert slots of "
             f"{layout.slot_bytes / MB:.3f} MB; at least {base.min_slots} are needed "
-            f"(experts used per token {spec.n_expert_used} + {extra_slots} extra): "
+            f"({needs}): "
             f"minimum budget {base.min_budget_bytes / MB:.1f} MB (RSS {rss / MB:.1f}, dense "
             f"{base.dense_bytes / MB:.1f}, KV {kv / MB:.1f}, compute {compute / MB:.1f}, "
             f"reserve {reserve_mb:g} MB)"
@@ -184,8 +222,13 @@ def plan_memory(
     return replace(base, slots=int(slots))
 
 
-def plan_for_slots(model, slots: int, cache_mode: str = "pagecache") -> MemoryPlan:
-    """A plan with a given slot count and nothing else counted: for tests and benchmarks."""
+def plan_for_slots(
+    model, slots: int, cache_mode: str = "pagecache", cache: CacheSettings | None = None
+) -> MemoryPlan:
+    """A plan with a given slot count and nothing else counted: for tests and benchmarks.
+    The cache's policy may need more slots than `slots`: ExpertCache then says so."""
+    cache = cache or CacheSettings()
+    K = int(model.spec.n_expert_used)
     table = expert_table(model)
     layout = SlotLayout.for_table(table, cache_mode)
     return MemoryPlan(
@@ -199,10 +242,14 @@ def plan_for_slots(model, slots: int, cache_mode: str = "pagecache") -> MemoryPl
         slot_bytes=layout.slot_bytes,
         slot_meta_bytes=SLOT_META_BYTES,
         slots=slots,
-        min_slots=int(model.spec.n_expert_used),
+        min_slots=min_slots(cache.policy, K, cache.prefetch_slots),
         cache_mode=cache_mode,
         align=layout.align,
         n_ctx=0,
         n_ubatch=0,
         io_threads=0,
+        cache_policy=cache.policy,
+        prefetch_slots=cache.prefetch_slots,
+        n_expert_used=K,
+        n_moe_layers=len(table.layers),
     )
