@@ -11,8 +11,9 @@ from gguf_builders import Layout, Q, write_model
 
 from sdq.cli import main
 from sdq.format.model import open_model
+from sdq.paging.cache import CacheSettings, ExpertCache
+from sdq.paging.reads import IOSettings
 from sdq.run.plan import plan_for_slots
-from sdq.paging.cache import CacheSettings, ExpertCache, IOSettings
 
 
 @pytest.fixture(scope="module")
