@@ -1,7 +1,9 @@
 """The cache folder for files sdq makes or fetches and can always make again.
 
-`$SDQ_CACHE_DIR` if set, else `~/.cache/sdq`. It holds `vocab/` (the Qwen2 tokenizer file, see
-`sdq.synth.vocab`) and `models/` (synthetic GGUF models, see `sdq.synth.build`). Deleting it is always safe.
+`$SDQ_CACHE_DIR` if set, else `~/.cache/sdq`. It holds `vocab/` (the Qwen2 tokenizer file,
+see `sdq.synth.vocab`) and `models/` (synthetic GGUF models, see `sdq.synth.build`). Deleting
+it is always safe. (The other caches have other names: the OS page cache is `cache_mode`, the
+expert cache is `sdq.paging.cache`, Numba keeps compiled kernels in `__pycache__`.)
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ import pytest
 from engine_support import Dims, reference_logits, write_model
 from gguf.constants import GGMLQuantizationType as Q
 
-from sdq.run.engine import DenseWeights, Engine, ResidentExperts
 from sdq.errors import SdqError
 from sdq.format.model import open_model
-from sdq.run.plan import plan_for_slots
 from sdq.paging.cache import ExpertCache
 from sdq.paging.route_log import RouteLog
+from sdq.run.engine import DenseWeights, Engine, ResidentExperts
+from sdq.run.plan import plan_for_slots
 from sdq.run.workspace import Workspace, workspace_bytes
 
 TOKENS = np.random.default_rng(5).integers(0, 300, 45)

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 from engine_support import Dims, write_model
 
-from sdq.run.engine import Engine, ResidentExperts
 from sdq.errors import SdqError
-from sdq.run.generate import GenerateSettings, generate
 from sdq.format.model import open_model
-from sdq.run.sampler import SamplerSettings
 from sdq.format.tokenizer import Tokenizer
+from sdq.run.engine import Engine, ResidentExperts
+from sdq.run.generate import GenerateSettings, generate
+from sdq.run.sampler import SamplerSettings
 from sdq.run.workspace import Workspace
 
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(0, 290, 11)]

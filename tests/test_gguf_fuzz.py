@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from sdq.commands.info import render
 from sdq.errors import SdqError
-from sdq.format.model import anatomy, open_model
 from sdq.format.header import read_header
+from sdq.format.model import anatomy, open_model
 
 _DIR = Path(tempfile.mkdtemp(prefix="sdq-fuzz-"))
 atexit.register(shutil.rmtree, _DIR, ignore_errors=True)

@@ -62,7 +62,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
             # `from pkg import mod` imports pkg.mod when that is a module
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
         else:
             continue
         for t in targets:
@@ -96,7 +98,9 @@ def test_no_upward_imports():
         for t in sorted(targets):
             t_folder, t_rank = rank_of(t)
             if t_folder != folder and t_rank >= rank:
-                bad.append(f"{name} ({folder}, rank {rank}) imports {t} ({t_folder}, rank {t_rank})")
+                bad.append(
+                    f"{name} ({folder}, rank {rank}) imports {t} ({t_folder}, rank {t_rank})"
+                )
     assert not bad, "upward or sideways imports:\n" + "\n".join(bad)
 
 

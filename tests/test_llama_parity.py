@@ -14,14 +14,14 @@ needs multiples of 256, so it uses the `tiny` preset. Prompts are longer than on
 import numpy as np
 import pytest
 
+from sdq.format.model import open_model
+from sdq.format.tokenizer import Tokenizer
 from sdq.measure.llama_ref import open_llama
 from sdq.run.engine import Engine, ResidentExperts
 from sdq.run.generate import GenerateSettings, generate
-from sdq.format.model import open_model
 from sdq.run.sampler import SamplerSettings
-from sdq.synth.build import SynthConfig, build_model
-from sdq.format.tokenizer import Tokenizer
 from sdq.run.workspace import Workspace
+from sdq.synth.build import SynthConfig, build_model
 
 GGML_TYPE_F32 = 0
 N_UBATCH = 64

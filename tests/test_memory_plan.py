@@ -11,8 +11,9 @@ from sdq.cli import main
 from sdq.errors import PlanError
 from sdq.paging.cache import POLICIES, CacheSettings, ExpertCache
 from sdq.paging.reads import SlotLayout
-from sdq.run.plan import IO_THREAD_STACK_BYTES, MB, SLOT_META_BYTES, plan_memory
+from sdq.run.plan import IO_THREAD_STACK_BYTES, SLOT_META_BYTES, plan_memory
 from sdq.run.workspace import workspace_bytes
+from sdq.units import MIB
 
 
 @pytest.fixture(scope="module")
@@ -21,16 +22,16 @@ def model(tmp_path_factory):
 
 
 def test_slots_fill_what_is_left(model):
-    plan = plan_memory(model, 64, n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=20 * MB)
+    plan = plan_memory(model, 64, n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=20 * MIB)
     ws = workspace_bytes(model.spec, 256, 16)
     assert plan.kv_bytes == ws["k_cache"] + ws["v_cache"]
     assert plan.kv_bytes + plan.compute_bytes == sum(ws.values())
     assert plan.pager_bytes == 8 * IO_THREAD_STACK_BYTES
-    assert plan.dense_bytes == model.dense_bytes and plan.rss_bytes == 20 * MB
-    fixed = 20 * MB + model.dense_bytes + sum(ws.values()) + plan.pager_bytes + 8 * MB
+    assert plan.dense_bytes == model.dense_bytes and plan.rss_bytes == 20 * MIB
+    fixed = 20 * MIB + model.dense_bytes + sum(ws.values()) + plan.pager_bytes + 8 * MIB
     assert plan.fixed_bytes == fixed
     per_slot = plan.slot_bytes + SLOT_META_BYTES
-    assert plan.slots == (64 * MB - fixed) // per_slot
+    assert plan.slots == (64 * MIB - fixed) // per_slot
     assert 0 <= plan.left_bytes < per_slot
     assert plan.slot_bytes == SlotLayout.for_table(model.experts, "pagecache").slot_bytes
 
@@ -43,16 +44,16 @@ def test_direct_slots_are_page_aligned_and_larger(model):
 
 
 def test_too_small_budget_states_the_minimum(model):
-    plan = plan_memory(model, 64, 256, 16, reserve_mb=8, rss_now=10 * MB)
-    minimum_mb = plan.min_budget_bytes / MB
-    ok = plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MB)
+    plan = plan_memory(model, 64, 256, 16, reserve_mb=8, rss_now=10 * MIB)
+    minimum_mb = plan.min_budget_bytes / MIB
+    ok = plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MIB)
     assert ok.slots == model.spec.n_expert_used
     with pytest.raises(PlanError, match=rf"minimum budget {minimum_mb:.1f} MB") as info:
-        plan_memory(model, minimum_mb - 0.01, 256, 16, reserve_mb=8, rss_now=10 * MB)
+        plan_memory(model, minimum_mb - 0.01, 256, 16, reserve_mb=8, rss_now=10 * MIB)
     assert "at least 2 are needed" in str(info.value)
     bypass = CacheSettings(policy="lrfu_bypass", prefetch_slots=1)  # K cache + K + 1 streaming
     with pytest.raises(PlanError, match="at least 5 are needed .* 3 streaming slots"):
-        plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MB, cache=bypass)
+        plan_memory(model, minimum_mb, 256, 16, reserve_mb=8, rss_now=10 * MIB, cache=bypass)
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
@@ -61,8 +62,8 @@ def test_the_cache_opens_at_the_plans_minimum(model, policy, prefetch):
     """At the smallest budget the plan accepts for a policy, the cache opens and serves a
     layer's experts; 1 MB less and the plan refuses, naming that minimum."""
     cache = CacheSettings(policy=policy, prefetch_slots=prefetch)
-    kw = dict(n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=10 * MB, cache=cache)
-    minimum_mb = plan_memory(model, 64, **kw).min_budget_bytes / MB
+    kw = dict(n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=10 * MIB, cache=cache)
+    minimum_mb = plan_memory(model, 64, **kw).min_budget_bytes / MIB
     plan = plan_memory(model, minimum_mb, **kw)
     assert plan.slots == plan.min_slots
     with ExpertCache(model, plan, settings=cache) as experts:
@@ -80,7 +81,7 @@ def test_the_cache_opens_at_the_plans_minimum(model, policy, prefetch):
 
 def test_rss_is_measured_when_not_given(model):
     plan = plan_memory(model, 4096, 256, 16, reserve_mb=8)
-    assert 1 * MB < plan.rss_bytes < 4096 * MB
+    assert 1 * MIB < plan.rss_bytes < 4096 * MIB
 
 
 @pytest.fixture(scope="module")

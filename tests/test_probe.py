@@ -1,4 +1,4 @@
-"""sdq.measure.probe: statistics against NumPy, scratch-file hygiene, a smoke-size probe, profiles."""
+"""sdq.measure.probe: statistics against NumPy, scratch-file hygiene, a smoke probe, profiles."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdq.measure import probe
 from sdq.errors import ParamsError, ReadError
+from sdq.measure import probe
+from sdq.measure.device import describe_storage
 from sdq.measure.probe import (
     PAGE,
     ProbeResult,
@@ -29,7 +30,6 @@ from sdq.measure.probe import (
     scratch_file,
     summarize,
 )
-from sdq.measure.device import describe_storage
 from sdq.paging.io_profile import load_io_profile, write_io_profile
 
 SMOKE = dict(

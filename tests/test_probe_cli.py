@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sdq.cli import main
+from sdq.measure.device import describe_storage
 from sdq.measure.probe import MEMORY_FILESYSTEMS
 from sdq.paging.io_profile import load_io_profile
-from sdq.measure.device import describe_storage
 
 SMOKE_ARGS = [
     "--size", "256k", "--threads", "1,2", "--reads", "8", "--split", "1,2",

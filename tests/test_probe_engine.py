@@ -1,4 +1,4 @@
-"""The engine-path probe (sdq.measure.probe_engine) and fio's mixed-size command (sdq.measure.fio)."""
+"""The engine-path probe (sdq.measure.probe_engine) and fio's mixed-size command (measure.fio)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from sdq.errors import ParamsError
+from sdq.measure.fio import bssplit, fio_command
 from sdq.measure.probe import HUGE_PAGE
 from sdq.measure.probe_engine import PAGE, _direct_spans, engine_vs_fio
-from sdq.measure.fio import bssplit, fio_command
 
 
 def test_bssplit_shares_are_whole_percents_summing_to_100():
@@ -82,17 +82,17 @@ def test_engine_vs_fio_reads_the_right_bytes(tiny_model, monkeypatch):
     """The slots hold the file's bytes after a run (the timed reads are real reads)."""
     import os
 
-    import sdq.paging.cache
+    import sdq.paging.arena
     from sdq.format.model import open_model
 
     arenas = []
 
-    class Keep(sdq.paging.cache.Arena):
+    class Keep(sdq.paging.arena.Arena):
         def close(self):
             arenas.append(self.buf.copy())
             super().close()
 
-    monkeypatch.setattr(sdq.paging.cache, "Arena", Keep)
+    monkeypatch.setattr(sdq.paging.arena, "Arena", Keep)
     engine_vs_fio(tiny_model, (1,), layers=1, repeat=1, fio=False)
     buf = arenas[0]  # [slots * slot_bytes]: the huge-page arena, closed first
     from sdq.paging.reads import SlotLayout
@@ -120,7 +120,7 @@ def test_the_arena_asks_for_huge_pages():
     `madvise` or `always` mode its anonymous pages may be 2 MiB (smaps: THPeligible 1)."""
     from pathlib import Path
 
-    from sdq.paging.cache import Arena
+    from sdq.paging.arena import Arena
 
     mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not mode.exists() or "[never]" in mode.read_text():
@@ -146,8 +146,8 @@ def test_huge_share_of_an_arena():
     import mmap
     from pathlib import Path
 
-    from sdq.paging.cache import Arena
     from sdq.measure.probe_engine import huge_share
+    from sdq.paging.arena import Arena
 
     small = Arena(4, 4 << 20)
     try:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from sdq.synth import build as synth
 from sdq.errors import ParamsError, SdqError
+from sdq.synth import build as synth
 from sdq.synth.build import PRESETS, SynthConfig, build_model, resolve_config, synth_weights
 from sdq.synth.weights import TOKEN_CLASSES, routing_preview, routing_stats, token_classes
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sdq.synth import vocab
 from sdq.errors import SdqError
+from sdq.synth import vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 

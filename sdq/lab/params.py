@@ -33,7 +33,7 @@ MODEL_KEY = "model"
 
 @dataclass(frozen=True)
 class ModelParams:
-    """The synthetic model of a run: `sdq.synth.build.build_model(preset, qtype=qtype, seed=seed)`."""
+    """The synthetic model of a run: `sdq.synth.build.build_model(preset, qtype=, seed=)`."""
 
     preset: str
     qtype: str

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sdq.errors import LabError, SdqError
 from sdq import files as atomic
+from sdq.errors import LabError, SdqError
 from sdq.lab import provenance, runner
 from sdq.lab.notebooks import notebook_paths
 from sdq.lab.params import ModelParams, Params, load_params

@@ -91,7 +91,7 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
     """Time every configuration of `settings` on the experts of the GGUF file `path`; one Row
     per configuration, with its ratio to the best configuration of another mode."""
     from sdq.format.model import open_model
-    from sdq.paging.cache import Arena
+    from sdq.paging.arena import Arena
     from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout
 
     st = settings

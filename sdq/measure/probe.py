@@ -2,7 +2,7 @@
 
 Measure the device before tuning the pager. Three sweeps on random page-aligned offsets of one
 file, all read the way the pager reads experts: by its C pread pool (`sdq._io.Pool`) into a
-preallocated arena (`sdq.paging.cache.Arena`), faulted in once and reused — one slot per read in
+preallocated arena (`sdq.paging.arena.Arena`), faulted in once and reused — one slot per read in
 flight — so the figures are the engine's own read path, not first-touch page faults:
 
 - levels:  `reads` random reads of `size` bytes (an expert segment) at each thread count,
@@ -336,7 +336,7 @@ HUGE_PAGE = 2 * MIB
 
 
 def inner_arena(n_slots: int, slot_bytes: int):
-    """(arena, first): an `sdq.paging.cache.Arena` with `n_slots` usable slots from index
+    """(arena, first): an `sdq.paging.arena.Arena` with `n_slots` usable slots from index
     `first` on.
 
     The arena asks for transparent huge pages, and the kernel can only back whole, aligned
@@ -344,7 +344,7 @@ def inner_arena(n_slots: int, slot_bytes: int):
     get 4 KiB pages, while almost all of the engine's large arena is huge-page backed. So the
     probes keep spare slots at both ends and read only into the ones between.
     """
-    from sdq.paging.cache import Arena
+    from sdq.paging.arena import Arena
 
     lead = -(-HUGE_PAGE // slot_bytes)
     return Arena(n_slots + 2 * lead, slot_bytes), lead
@@ -353,7 +353,7 @@ def inner_arena(n_slots: int, slot_bytes: int):
 class PoolReader:
     """Reads the way the pager reads: the pager's C pool (`sdq._io.Pool`) into an arena.
 
-    One persistent pool (its thread count set per cell) and one `sdq.paging.cache.Arena` (huge pages
+    One persistent pool (its thread count set per cell) and one `sdq.paging.arena.Arena` (huge pages
     where the kernel gives them, see `inner_arena`) with a slot per read in flight, allocated
     and faulted in once when the reader is made, then reused by every read of the probe, as the
     engine reads experts into preallocated slots it reuses token after token. Read i of a batch

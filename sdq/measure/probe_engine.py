@@ -7,7 +7,7 @@ The probe's level sweep (`sdq.measure.probe`) reads equal-sized ranges of a file
 same question of the pager's own read path. One "layer" is a decode miss as the pager serves it:
 K distinct random experts of a random MoE layer, all R segments submitted at once through
 `sdq.paging.reads.ExpertReader` (mode parallel, O_DIRECT, in-place aligned reads) into K slots
-of an `sdq.paging.cache.Arena`, faulted in beforehand, away from the mapping's ends (huge pages
+of an `sdq.paging.arena.Arena`, faulted in beforehand, away from the mapping's ends (huge pages
 where the kernel gives them, as in the engine's large arena) — what `sdq bench layer-miss`
 times.
 `layers` layers back to back (each submitted when the previous one is in) make one run;

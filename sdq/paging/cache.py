@@ -56,11 +56,9 @@ from sdq.paging.views import ExpertViews
 
 __all__ = [
     "POLICIES",
-    "Arena",  # where sdq.measure.probe and `sdq bench layer-miss` take it from
     "CacheSettings",
     "ExpertCache",
     "ExpertHandle",
-    "IOSettings",
 ]
 
 COUNTERS = (

@@ -20,9 +20,9 @@ One ubatch (`Engine.forward`) runs every layer over T tokens at positions pos0..
     logits = output(rms_norm(x[-1]))                        # [V]
 
 The expert source is anything with the pager's `acquire / wait / views / release` API: the
-real `sdq.paging.cache.ExpertCache` (experts paged from the file into the arena) or `ResidentExperts`
-(all experts copied to RAM; for the resident benchmark and tests). All buffers come from the
-`Workspace` that the memory plan counted (sdq.run.workspace).
+real `sdq.paging.cache.ExpertCache` (experts paged from the file into the arena) or
+`ResidentExperts` (all experts copied to RAM; for the resident benchmark and tests). All
+buffers come from the `Workspace` that the memory plan counted (sdq.run.workspace).
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ class Engine:
         }
         self._layer = -1
         self.timers = Timers()
-        self.route_log = None  # sdq.paging.cache.RouteLog: one JSON line per token and layer
+        self.route_log = None  # sdq.paging.route_log.RouteLog: one JSON line per token and layer
         # decode: after a layer's experts are requested, guess the next layer's and prefetch the
         # prefetch_next most probable of them (0: off)
         self.prefetch_next = 0

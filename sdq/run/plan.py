@@ -31,8 +31,8 @@ from sdq.errors import PlanError
 from sdq.paging.cache import CacheSettings
 from sdq.paging.policies import SlotSplit, min_slots, split_slots
 from sdq.paging.reads import SlotLayout, expert_table
+from sdq.units import MIB
 
-MB = 1 << 20
 IO_THREAD_STACK_BYTES = 256 * 1024  # kernels_c/io_pool.c WORKER_STACK_BYTES
 SLOT_META_BYTES = 512  # Python bookkeeping per slot (dict entry, LRU node, key tuple)
 DEFAULT_RESERVE_MB = 900
@@ -113,25 +113,29 @@ class MemoryPlan:
     def rows(self) -> list[tuple[str, float, str]]:
         """(item, MB, note) for the table `sdq plan` prints."""
         return [
-            ("RSS now", self.rss_bytes / MB, "measured before loading anything big"),
-            ("dense weights", self.dense_bytes / MB, "resident, anonymous memory"),
-            ("KV cache", self.kv_bytes / MB, f"ctx {self.n_ctx}"),
-            ("compute buffers", self.compute_bytes / MB, f"ubatch {self.n_ubatch}"),
-            ("pager buffers", self.pager_bytes / MB, f"{self.io_threads} I/O thread stacks"),
+            ("RSS now", self.rss_bytes / MIB, "measured before loading anything big"),
+            ("dense weights", self.dense_bytes / MIB, "resident, anonymous memory"),
+            ("KV cache", self.kv_bytes / MIB, f"ctx {self.n_ctx}"),
+            ("compute buffers", self.compute_bytes / MIB, f"ubatch {self.n_ubatch}"),
+            ("pager buffers", self.pager_bytes / MIB, f"{self.io_threads} I/O thread stacks"),
             (
                 "slot metadata",
-                self.slots * self.slot_meta_bytes / MB,
+                self.slots * self.slot_meta_bytes / MIB,
                 f"{self.slot_meta_bytes} B/slot",
             ),
-            ("reserve", self.reserve_bytes / MB, "head room"),
+            ("reserve", self.reserve_bytes / MIB, "head room"),
             (
                 "expert arena",
-                self.arena_bytes / MB,
-                f"{self.slots} slots x {self.slot_bytes / MB:.3f} MB ({self.cache_mode}); "
+                self.arena_bytes / MIB,
+                f"{self.slots} slots x {self.slot_bytes / MIB:.3f} MB ({self.cache_mode}); "
                 f"{self._split_note()}",
             ),
-            ("left over", self.left_bytes / MB, "less than one slot"),
-            ("budget", self.ram_budget_bytes / MB, f"minimum {self.min_budget_bytes / MB:.1f} MB"),
+            ("left over", self.left_bytes / MIB, "less than one slot"),
+            (
+                "budget",
+                self.ram_budget_bytes / MIB,
+                f"minimum {self.min_budget_bytes / MIB:.1f} MB",
+            ),
         ]
 
     def _split_note(self) -> str:
@@ -181,7 +185,7 @@ def plan_memory(
     kv = sum(b for name, b in ws.items() if name.endswith("cache"))
     compute = sum(ws.values()) - kv
     rss = current_rss() if rss_now is None else int(rss_now)
-    budget = int(ram_budget_mb * MB)
+    budget = int(ram_budget_mb * MIB)
     base = MemoryPlan(
         ram_budget_bytes=budget,
         rss_bytes=rss,
@@ -189,7 +193,7 @@ def plan_memory(
         kv_bytes=int(kv),
         compute_bytes=int(compute),
         pager_bytes=io_threads * IO_THREAD_STACK_BYTES,
-        reserve_bytes=int(reserve_mb * MB),
+        reserve_bytes=int(reserve_mb * MIB),
         slot_bytes=layout.slot_bytes,
         slot_meta_bytes=SLOT_META_BYTES,
         slots=0,
@@ -213,10 +217,10 @@ def plan_memory(
             needs += f" + {streaming} streaming slots of cache policy {cache.policy}"
         raise PlanError(
             f"RAM budget {ram_budget_mb:g} MB holds {slots} expert slots of "
-            f"{layout.slot_bytes / MB:.3f} MB; at least {base.min_slots} are needed "
+            f"{layout.slot_bytes / MIB:.3f} MB; at least {base.min_slots} are needed "
             f"({needs}): "
-            f"minimum budget {base.min_budget_bytes / MB:.1f} MB (RSS {rss / MB:.1f}, dense "
-            f"{base.dense_bytes / MB:.1f}, KV {kv / MB:.1f}, compute {compute / MB:.1f}, "
+            f"minimum budget {base.min_budget_bytes / MIB:.1f} MB (RSS {rss / MIB:.1f}, dense "
+            f"{base.dense_bytes / MIB:.1f}, KV {kv / MIB:.1f}, compute {compute / MIB:.1f}, "
             f"reserve {reserve_mb:g} MB)"
         )
     return replace(base, slots=int(slots))

@@ -43,8 +43,9 @@ class Session:
             weights = DenseWeights.load(model)
             experts = ResidentExperts(model)
         else:
-            from sdq.paging.cache import CacheSettings, ExpertCache, IOSettings
+            from sdq.paging.cache import CacheSettings, ExpertCache
             from sdq.paging.prefetch import prefetch_width
+            from sdq.paging.reads import IOSettings
             from sdq.run.plan import plan_memory
 
             budget = s.ram_budget_mb

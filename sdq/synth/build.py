@@ -353,8 +353,8 @@ def synth_weights(cfg: SynthConfig, seed: int):
 
 def _token_classes(vocab) -> np.ndarray:
     """[V] token classes, computed once per vocabulary and kept beside it in the cache."""
-    from sdq.synth.weights import CLASSES_VERSION, token_classes
     from sdq.synth.vocab import vocab_dir
+    from sdq.synth.weights import CLASSES_VERSION, token_classes
 
     path = vocab_dir() / f"token-classes-{vocab.sha256[:12]}-v{CLASSES_VERSION}.npy"
     if path.is_file():

@@ -4,8 +4,8 @@ Each run is a cold process: a new interpreter, a new arena, nothing inherited bu
 cache, which is dropped for the model file first (`file_cache="dropped"`), warmed by reading
 the whole file once (`"warm"`, reported as such), or left as it is (`"untouched"`: for a
 benchmark that drops or warms the pages itself before every timed read). The child runs under
-the configuration's RAM limit (sdq.measure.limits: RLIMIT_DATA set between fork and exec, or a cgroup
-v1 memory group).
+the configuration's RAM limit (sdq.measure.limits: RLIMIT_DATA set between fork and exec, or
+a cgroup v1 memory group).
 
 Peak RSS is the child's own VmHWM from /proc/<pid>/status, polled while it runs: the kernel's
 ru_maxrss (getrusage, wait4) of a child starts from its parent's high-water mark at fork, so a

@@ -12,6 +12,8 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+from sdq.units import MIB
+
 # figures a chat reports (DESIGN.md names), taken from its JSON
 CHAT_METRICS = (
     "decode_tok_s",
@@ -27,7 +29,6 @@ CHAT_METRICS = (
     "n_prompt",
     "n_decode",
 )
-MB = 1 << 20
 
 
 def run_record(row: dict) -> dict:
@@ -49,7 +50,7 @@ def run_record(row: dict) -> dict:
         ("arena_bytes", "arena_mb"),
         ("rss_bytes", "plan_rss_mb"),
     ):
-        rec[dst] = plan[src] / MB if src in plan else None
+        rec[dst] = plan[src] / MIB if src in plan else None
     return rec
 
 
