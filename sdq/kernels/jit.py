@@ -65,8 +65,8 @@ def drop_stale_cache(cache_dir: Path | None = None) -> bool:
     were cached (a hash of them is kept beside the cache); returns True if it did. Kernels
     then compile again on first use. Errors (e.g. a read-only install) are ignored.
 
-    Called by `python -m sdq.kernels.jit` (which `make test` and `make reproduce` run before
-    any kernel compiles), never at import time.
+    Called by `make test` and `make reproduce` before any kernel compiles (`make
+    kernel-cache`), never at import time.
 
     cache_dir: where Numba keeps this package's kernels (default: asked of Numba for a
     function defined in this folder, which shares the kernels' cache folder)."""
@@ -93,7 +93,3 @@ def drop_stale_cache(cache_dir: Path | None = None) -> bool:
     except OSError:
         return False
     return True
-
-
-if __name__ == "__main__":
-    print("sdq kernels: stale cached kernels dropped" if drop_stale_cache() else "", end="")
