@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdq import files
 from sdq.dirs import cache_subdir
 from sdq.errors import SdqError
 
@@ -183,18 +184,6 @@ def _extract(sdist: Path, folder: Path) -> None:
                     raise SdqError(
                         f"{sdist.name}: {name} has SHA-256 {got[:16]}…, expected {want[:16]}…"
                     )
-                _write_atomic(folder / name, data)
+                files.write_bytes(folder / name, data)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise SdqError(f"{sdist}: cannot read the source tarball ({exc})") from None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
