@@ -72,11 +72,26 @@ def test_chart_writes_svg_png_and_spec(out):
     import altair as alt
 
     df = pd.DataFrame({"x": ["a", "b"], "y": [1, 2]})
-    out.chart("demo", alt.Chart(df, title="Demo").mark_bar().encode(x="x", y="y"))
+    chart = alt.Chart(df, title="Demo").mark_bar().encode(x="x", y="y")
+    out.chart("demo", chart, alt="Bars: y for each x")
     charts = out.dir / "charts"
     assert (charts / "demo.svg").read_text().lstrip().startswith("<svg")
     assert (charts / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((charts / "demo.vl.json").read_text())["title"] == "Demo"
+
+
+def test_chart_alt_text_is_kept_as_the_specs_description(out):
+    import altair as alt
+
+    chart = alt.Chart(pd.DataFrame({"x": ["a", "b"], "y": [1, 2]})).mark_bar().encode(x="x", y="y")
+    said = "Bars: y for each x; b is twice a"
+    out.chart("demo", chart, alt=said)
+    assert json.loads((out.dir / "charts" / "demo.vl.json").read_text())["description"] == said
+    with pytest.warns(FutureWarning, match="chart demo: no alt text"):
+        out.chart("demo", chart)
+    for bad in ("demo", "bytes by class", "two\nlines of alt text", ""):
+        with pytest.raises(LabError, match="chart demo: alt"):
+            out.chart("demo", chart, alt=bad)
 
 
 @pytest.mark.parametrize("name", ["", "../up", "a b", "x/y"])

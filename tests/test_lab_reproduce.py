@@ -108,3 +108,22 @@ def test_outputs_under_another_name_are_refused(repo):
         "(use Outputs('00_ok', params_name))"
     )
     assert not (repo / "outputs" / "00_ok" / "default").exists()
+
+
+@pytest.mark.slow
+def test_a_rerun_adds_a_run_and_keeps_the_earlier_ones(repo):
+    for n in (7, 8):
+        (repo / "params" / "smoke.yaml").write_text(PARAMS.replace("{n: 7}", f"{{n: {n}}}"))
+        params = load_params("smoke", root=repo)
+        (result,) = reproduce.run(
+            params, only=["00_ok"], root=repo, model_path=repo / "model.gguf", log=lambda s: None
+        )
+        assert result.ok
+    runs = sorted((result.output_dir / "runs").iterdir())
+    assert len(runs) == 2
+    kept = [json.loads((r / "tables" / "T1.json").read_text())["records"] for r in runs]
+    assert kept == [[{"n": 7}], [{"n": 8}]]
+    for r in runs:
+        assert {p.name for p in r.iterdir()} == {"tables", "values.json", "provenance.json"}
+    latest = json.loads((result.output_dir / "provenance.json").read_text())
+    assert latest == json.loads((runs[-1] / "provenance.json").read_text())

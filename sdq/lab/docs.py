@@ -16,9 +16,12 @@ docs/index.md is rendered from docs/src/index.md, whose markers become
     {{index:verdicts}}      one line per seed claim recorded in outputs/*/<params>/verdicts.json
 
 A verdict is shown only from a verdicts.json record, and only after its data have been judged
-again and give the same verdict. Only the files under outputs/ are read, so rendering is
-deterministic and the committed outputs/*/default/ alone rebuild docs/ byte for byte. A marker
-whose target does not exist is an error naming the template, line and missing file.
+again and give the same verdict. The figures come only from the files under outputs/, so the
+committed outputs/*/default/ alone rebuild docs/ byte for byte; each page ends with its
+outputs' provenance, the number of runs kept in outputs/<stem>/<params>/runs/, and — the one
+thing read from git — a warning when sdq/ or the notebook differ at HEAD from the commit that
+produced the outputs. A marker whose target does not exist is an error naming the template,
+line and missing file.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from sdq import files as atomic
 from sdq.errors import LabError, SdqError
+from sdq.lab import provenance
 from sdq.lab.catalogue import CATALOGUE
 from sdq.lab.formatting import format_value
 from sdq.lab.notebooks import STEM_PATTERN, notebook_paths, read_notebook
@@ -122,7 +126,7 @@ def _render_page(site: Site, template: Path, charts: dict[Path, Path]) -> str:
                 raise LabError(f"{where(match)}: {site.rel(path)} does not exist")
             dst = site.docs / "charts" / stem / f"{name}.svg"
             charts[dst] = path
-            return f"![{_chart_title(out, name)}]({dst.relative_to(site.docs).as_posix()})"
+            return f"![{_chart_alt(out, name)}]({dst.relative_to(site.docs).as_posix()})"
         if kind == "value":
             if name not in values:
                 raise LabError(f"{where(match)}: no value '{name}' in {site.rel(values_path)}")
@@ -136,15 +140,21 @@ def _render_page(site: Site, template: Path, charts: dict[Path, Path]) -> str:
     return header + body.rstrip("\n") + "\n\n" + _provenance_line(site, stem) + "\n"
 
 
-def _chart_title(out: Path, name: str) -> str:
+def _chart_alt(out: Path, name: str) -> str:
+    """The image's alt text: the chart's description (what it shows, `Outputs.chart(...,
+    alt=...)`), else its title, else its name; brackets escaped for Markdown."""
     spec_path = out / "charts" / f"{name}.vl.json"
+    text = name
     if spec_path.is_file():
-        title = json.loads(spec_path.read_text(encoding="utf-8")).get("title")
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        title = spec.get("title")
         if isinstance(title, dict):
             title = title.get("text")
-        if isinstance(title, str) and title:
-            return title
-    return name
+        for candidate in (spec.get("description"), title):
+            if isinstance(candidate, str) and candidate.strip():
+                text = candidate.strip()
+                break
+    return text.replace("[", "\\[").replace("]", "\\]")
 
 
 def _provenance(site: Site, stem: str) -> dict | None:
@@ -171,6 +181,44 @@ def _provenance_line(site: Site, stem: str) -> str:
         f"{cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} cores, "
         f"{format_value(ram.get('total_mb'))} MB RAM. Evidence: "
         f"[{site.rel(site.out(stem))}/](../{site.rel(site.out(stem))}/).*"
+        + _runs_line(site, stem, p)
+        + _code_warning(site, p)
+    )
+
+
+def _runs_line(site: Site, stem: str, latest: dict) -> str:
+    """How many runs of the notebook with these parameters are kept (runs/), and which one
+    the page shows: a rerun adds a run, and the page says so."""
+    runs = provenance.list_runs(site.out(stem))
+    if not runs:
+        return ""
+    where = site.rel(site.out(stem) / provenance.RUNS_DIR)
+    shown = [
+        f"{r.get('date_utc', '?')} at {((r.get('git') or {}).get('sha') or 'unknown')[:10]}"
+        for r in runs
+    ]
+    kept = (
+        "run of this notebook with `{}` is"
+        if len(runs) == 1
+        else "runs of this notebook with `{}` are"
+    )
+    return (
+        f"\n\n*{len(runs)} {kept.format(site.params)} kept in "
+        f"[{where}/](../{where}/) ({'; '.join(shown)}); the figures above are from the latest, "
+        f"{latest.get('date_utc', '?')}.*"
+    )
+
+
+def _code_warning(site: Site, p: dict) -> str:
+    """A warning when the code that produced the outputs is not the code at HEAD."""
+    changed = provenance.code_changed_since(p, site.root)
+    if not changed:
+        return ""
+    sha = ((p.get("git") or {}).get("sha") or "unknown")[:10]
+    paths = ", ".join(f"`{c}`" for c in changed)
+    return (
+        f"\n\n**Warning: these outputs come from commit {sha}; {paths} differ at HEAD. "
+        f"Rerun `make reproduce ONLY={p.get('notebook', '?')} PARAMS={site.params}`.**"
     )
 
 

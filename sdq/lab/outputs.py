@@ -2,7 +2,7 @@
 
     out = Outputs("00_model_anatomy", params_name)   # -> outputs/00_model_anatomy/<params_name>/
     out.table("T2", df, title="...", note="...")       # tables/T2.json + tables/T2.md
-    out.chart("bytes_by_class", chart)                 # charts/bytes_by_class.svg, .png, .vl.json
+    out.chart("bytes_by_class", chart, alt="Bars: MiB per class")  # charts/bytes_by_class.*
     out.value("expert_bytes", 1900544)                 # values.json
     out.verdict(claim, judge(claim, pairs, why="..."))  # verdicts.json (sdq.lab.verdict)
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,12 +80,28 @@ class Outputs:
             md += f"\n*{note}*\n"
         return atomic.write_text(tables / f"{id}.md", md)
 
-    def chart(self, name: str, chart) -> Path:
-        """Render an altair chart to charts/<name>.svg and .png (and keep its Vega-Lite spec)."""
+    def chart(self, name: str, chart, alt: str | None = None) -> Path:
+        """Render an altair chart to charts/<name>.svg and .png (and keep its Vega-Lite spec).
+
+        `alt` says in one line what the chart shows — the marks, the axes and what the reader
+        should see (e.g. "Lines: hit rate (y) against slots per layer (x), one line per
+        policy, one panel per trace") — for readers who cannot see it; it is stored as the
+        spec's `description` and becomes the image's alt text in docs/. Without it the docs
+        fall back to the chart's title, and a warning says so.
+        """
         import vl_convert as vlc
 
         _check_name("chart name", name)
         spec = chart.to_dict() if hasattr(chart, "to_dict") else dict(chart)
+        if alt is None:
+            warnings.warn(
+                f"chart {name}: no alt text; pass alt='what the chart shows' to out.chart",
+                FutureWarning,
+                stacklevel=2,
+            )
+        else:
+            _check_alt(name, alt)
+            spec["description"] = alt.strip()
         spec_json = json.dumps(spec, sort_keys=True)
         charts = self.dir / "charts"
         atomic.write_text(charts / f"{name}.vl.json", json.dumps(spec, indent=1, sort_keys=True))
@@ -166,6 +183,18 @@ def collect_verdicts(outputs: Path, params_name: str) -> list[tuple[str, dict[st
             owner[record["claim"]] = notebook
             found.append((notebook, record))
     return found
+
+
+def _check_alt(name: str, alt: str) -> None:
+    """Alt text: one printable line of words that describes the chart, not its file name."""
+    text = alt.strip() if isinstance(alt, str) else ""
+    if not text or not text.isprintable():
+        raise LabError(f"chart {name}: alt must be one printable line saying what the chart shows")
+    if text.lower() in (name.lower(), name.replace("_", " ").lower()) or len(text.split()) < 4:
+        raise LabError(
+            f"chart {name}: alt {text!r} names the chart instead of saying what it shows "
+            "(marks, axes, what to see)"
+        )
 
 
 def _check_name(what: str, name: str) -> None:

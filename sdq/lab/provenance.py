@@ -1,9 +1,21 @@
-"""provenance.json: what produced a set of outputs — code, packages, parameters, machine, date."""
+"""provenance.json: what produced a set of outputs — code, packages, parameters, machine, date.
+
+Code: the commit (`git rev-parse HEAD` of the repository), whether tracked files other than
+the generated outputs/ and docs/ differed from it (dirty), and the git tree ids of the paths
+that decide a notebook's results (`CODE_PATHS`: sdq/ and the notebook itself), so that docs can
+tell whether outputs come from the code at HEAD (`code_changed_since`).
+
+Runs: outputs/<stem>/<params>/ holds the latest run's files at its top level and every run's
+tables, values, verdicts and provenance under runs/<run id>/ (`archive_run`), so that a rerun
+never hides an earlier run's figures; `list_runs` reads them back for the docs.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import shutil
 import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
@@ -31,27 +43,73 @@ PACKAGES = (
 )
 
 
-def git_state(root: Path | None = None) -> dict[str, Any]:
-    """Commit SHA, and whether tracked files other than the generated outputs/ and docs/
-    differ from it (dirty) and how many: a reproduce run rewrites outputs/ as it goes, which
-    says nothing about the code that produced them."""
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.strip()
+
+
+def code_paths(notebook: str | None) -> tuple[str, ...]:
+    """The tracked paths whose content decides a notebook's results: the package and the
+    notebook itself (other notebooks and the generated outputs/ and docs/ do not)."""
+    return ("sdq",) + ((f"notebooks/{notebook}.ipynb",) if notebook else ())
+
+
+def git_state(root: Path | None = None, notebook: str | None = None) -> dict[str, Any]:
+    """Commit SHA (`git rev-parse HEAD`); whether tracked files other than the generated
+    outputs/ and docs/ differ from it (dirty) and how many: a reproduce run rewrites outputs/
+    as it goes, which says nothing about the code that produced them; and `trees`, the git
+    object id at HEAD of each of `code_paths(notebook)`."""
     root = root or repo_root()
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=30
-        ).stdout.strip()
-
     try:
-        sha = git("rev-parse", "HEAD")
-        status = git(
-            "status", "--porcelain", "--untracked-files=no", "--",
+        sha = _git(root, "rev-parse", "HEAD")
+        status = _git(
+            root, "status", "--porcelain", "--untracked-files=no", "--",
             ".", ":(exclude)outputs", ":(exclude)docs",
         )  # fmt: skip
         changed = status.splitlines()
     except (OSError, subprocess.SubprocessError):
-        return {"sha": None, "dirty": None, "changed_files": None}
-    return {"sha": sha, "dirty": bool(changed), "changed_files": len(changed)}
+        return {"sha": None, "dirty": None, "changed_files": None, "trees": None}
+    return {
+        "sha": sha,
+        "dirty": bool(changed),
+        "changed_files": len(changed),
+        "trees": code_trees(root, "HEAD", code_paths(notebook)),
+    }
+
+
+def code_trees(root: Path, commit: str, paths: tuple[str, ...]) -> dict[str, str | None]:
+    """{path: git object id of `path` at `commit`} (None where the commit lacks it)."""
+    trees: dict[str, str | None] = {}
+    for path in paths:
+        try:
+            trees[path] = _git(root, "rev-parse", "--verify", "-q", f"{commit}:{path}") or None
+        except (OSError, subprocess.SubprocessError):
+            trees[path] = None
+    return trees
+
+
+def code_changed_since(record: dict[str, Any], root: Path | None = None) -> list[str] | None:
+    """The code paths of a provenance record's notebook whose content at HEAD differs from
+    what the record's run used ([] when none); None when that cannot be told (no git here, no
+    commit in the record, or a record without trees whose commit this repository lacks)."""
+    root = root or repo_root()
+    git = record.get("git") or {}
+    sha = git.get("sha")
+    if not sha:
+        return None
+    paths = code_paths(record.get("notebook"))
+    now = code_trees(root, "HEAD", paths)
+    if all(v is None for v in now.values()):
+        return None  # not a git repository
+    then = git.get("trees")
+    if not then:  # recorded before trees were: look the commit up
+        try:
+            _git(root, "cat-file", "-e", f"{sha}^{{commit}}")
+        except (OSError, subprocess.SubprocessError):
+            return None
+        then = code_trees(root, sha, paths)
+    return [p for p in paths if then.get(p) != now.get(p)]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -142,8 +200,19 @@ def collect(
     outputs_dir: Path,
     model_path: Path | None,
     extra: dict[str, Any] | None = None,
+    root: Path | None = None,
+    git_before: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The provenance record of one notebook run."""
+    """The provenance record of one notebook run in the repository at `root`.
+
+    `git_before` is `git_state` taken when the run started: if the commit or the code changed
+    while the notebook ran, the record keeps both and counts as dirty (its figures may come
+    from either)."""
+    git = git_state(root, notebook)
+    if git_before is not None and {k: git_before.get(k) for k in ("sha", "trees")} != {
+        k: git.get(k) for k in ("sha", "trees")
+    }:
+        git = {**git, "dirty": True, "changed_during_run": True, "at_start": git_before}
     model: dict[str, Any] | None = None
     if model_path is not None:
         model_path = Path(model_path)
@@ -155,7 +224,7 @@ def collect(
     record = {
         "notebook": notebook,
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "git": git_state(),
+        "git": git,
         "params": params,
         "model": model,
         "packages": package_versions(),
@@ -174,3 +243,76 @@ def collect(
 
 def write(path: Path, record: dict[str, Any]) -> Path:
     return atomic.write_json(path, record)
+
+
+# -- runs: every run's figures kept -----------------------------------------------------------
+
+RUNS_DIR = "runs"
+RUN_FILES = ("tables", "values.json", "verdicts.json", "provenance.json")  # what a run keeps
+
+
+def run_id(record: dict[str, Any]) -> str:
+    """A run's folder name under runs/: its UTC date as 20261130T115631Z."""
+    date = str(record.get("date_utc") or "unknown")
+    return date.replace("-", "").replace(":", "")
+
+
+def archive_run(run_dir: Path, previous: Path | None) -> Path:
+    """Give the finished run in `run_dir` a runs/ folder: the runs kept in `previous` (the
+    outputs this run replaces), the previous top-level run itself if it is not among them, and
+    this run (its `RUN_FILES`) under runs/<run id>/. Returns this run's folder."""
+    runs = Path(run_dir) / RUNS_DIR
+    runs.mkdir(parents=True, exist_ok=True)
+    if previous is not None and Path(previous).is_dir():
+        previous = Path(previous)
+        old_runs = previous / RUNS_DIR
+        if old_runs.is_dir():
+            for old in sorted(old_runs.iterdir()):
+                if old.is_dir() and not (runs / old.name).exists():
+                    shutil.copytree(old, runs / old.name)
+        old_record = _read_json(previous / "provenance.json")
+        if old_record is not None and not any(
+            _read_json(r / "provenance.json") == old_record for r in runs.iterdir()
+        ):
+            _copy_run_files(previous, _free_name(runs, run_id(old_record)))
+    record = _read_json(Path(run_dir) / "provenance.json") or {}
+    return _copy_run_files(Path(run_dir), _free_name(runs, run_id(record)))
+
+
+def list_runs(out_dir: Path) -> list[dict[str, Any]]:
+    """The provenance records of the runs kept under `out_dir`/runs/, oldest first (by
+    folder name, i.e. date), each with its folder name as "run"."""
+    runs = Path(out_dir) / RUNS_DIR
+    found = []
+    for folder in sorted(runs.iterdir()) if runs.is_dir() else []:
+        record = _read_json(folder / "provenance.json")
+        if record is not None:
+            found.append({**record, "run": folder.name})
+    return found
+
+
+def _copy_run_files(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for name in RUN_FILES:
+        item = src / name
+        if item.is_dir():
+            shutil.copytree(item, dst / name)
+        elif item.is_file():
+            shutil.copy2(item, dst / name)
+    return dst
+
+
+def _free_name(runs: Path, name: str) -> Path:
+    """runs/<name>, or runs/<name>-2, -3 ... when two runs share a second."""
+    candidate, n = runs / name, 1
+    while candidate.exists():
+        n += 1
+        candidate = runs / f"{name}-{n}"
+    return candidate
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

@@ -4,6 +4,9 @@
 2. For each notebooks/NN_*.ipynb, in order: execute it with papermill, parameters =
    {params_name, model_path} + its section, into a staging folder; write provenance.json there;
    then rename the folder to outputs/<stem>/<params>/. A partial run never looks finished.
+   Every finished run's tables, values, verdicts and provenance are also kept under
+   outputs/<stem>/<params>/runs/<date>/, with the earlier runs' (sdq.lab.provenance.archive_run):
+   rerunning a notebook adds a run, it never hides one.
 3. A failing notebook is reported (which cell, one-line error), its staging folder is kept as
    outputs/<stem>/<params>.failed/ for inspection, the previous outputs stay untouched, and the
    other notebooks still run. The exit status is 1 if any failed.
@@ -86,7 +89,7 @@ def run(
     results = []
     for i, nb in enumerate(notebooks, 1):
         log(f"[{i}/{len(notebooks)}] {nb.stem} ({params.name}) ...")
-        result = run_one(nb, params, outputs_root, Path(model_path), max_executed_bytes)
+        result = run_one(nb, params, outputs_root, Path(model_path), max_executed_bytes, root)
         status = "ok" if result.ok else "FAILED"
         log(
             f"[{i}/{len(notebooks)}] {nb.stem}: {status} in {result.seconds:.1f} s "
@@ -104,8 +107,10 @@ def run_one(
     outputs_root: Path,
     model_path: Path,
     max_executed_bytes: int | None = MAX_EXECUTED_BYTES,
+    root: Path | None = None,
 ) -> NotebookResult:
-    """Run one notebook into staging; on success rename it to outputs/<stem>/<params>/."""
+    """Run one notebook into staging; on success rename it to outputs/<stem>/<params>/, the
+    runs kept there before carried over into its runs/ folder with this one added."""
     stem = nb.stem
     staging_root = outputs_root / f".staging-{stem}-{params.name}-{os.getpid()}"
     staged = staging_root / stem / params.name
@@ -114,6 +119,7 @@ def run_one(
     shutil.rmtree(staging_root, ignore_errors=True)
     section = params.section(stem)
     parameters = {"params_name": params.name, "model_path": str(model_path), **section}
+    git_before = provenance.git_state(root, stem)
     started = time.perf_counter()
     try:
         try:
@@ -135,8 +141,11 @@ def run_one(
                 "code_cells": execution.cells,
                 "executed_notebook": executed,
             },
+            root=root,
+            git_before=git_before,
         )
         provenance.write(staged / "provenance.json", record)
+        provenance.archive_run(staged, final if final.is_dir() else None)
         _replace_dir(staged, final)
         shutil.rmtree(failed, ignore_errors=True)
         return NotebookResult(stem, True, time.perf_counter() - started, final)
