@@ -106,6 +106,8 @@ def test_next_layer_prefetch_keeps_the_logits(q8_model, policy, extra):
     assert np.array_equal(got, base)
     assert s["policy"] == policy
     assert s["prefetches"] > 0 and s["prefetch_hits"] > 0
+    # a lookup a prefetch's read served is a miss, never a hit, under every policy
+    assert s["hits"] + s["misses"] == s["lookups"] and s["prefetch_hits"] <= s["misses"]
     if policy == "lrfu_bypass":
         assert s["prefetches"] == s["prefetch_hits"] + s["prefetch_unused"] + s["streamed"]
 

@@ -14,7 +14,8 @@ from sdq.run.workspace import Workspace
 
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(0, 290, 11)]
 FIGURES = (
-    "decode_tok_s prefill_tok_s ttft_ms hit_rate ssd_mb_per_token expert_io_ms_per_token "
+    "decode_tok_s prefill_tok_s ttft_ms hit_rate prefetch_hit_rate prefetch_accuracy "
+    "reads_avoided ssd_mb_per_token prefetch_mb_per_token expert_io_ms_per_token "
     "expert_compute_ms_per_token total_ms_per_token peak_rss_mb swap_mb"
 ).split()
 
@@ -53,11 +54,13 @@ def test_greedy_generation_is_the_argmax_chain(setup):
     f = g.figures
     assert f["n_prompt"] == len(PROMPT) and f["n_generated"] == 12 and f["n_decode"] == 11
     assert all(name in f for name in FIGURES)
-    assert f["hit_rate"] == 1.0 and f["ssd_mb_per_token"] == 0.0
+    assert f["hit_rate"] == 1.0 and f["ssd_mb_per_token"] == 0.0 and f["prefetch_hit_rate"] == 0
+    assert np.isnan(f["reads_avoided"])  # resident experts have no byte counters
     assert f["decode_tok_s"] > 0 and f["prefill_tok_s"] > 0 and f["peak_rss_mb"] > 0
     assert len(g.token_ms) == 11
     decode = g.profile["decode"]
-    parts = sum(decode[c] for c in ("attention", "router", "expert_compute", "io_wait", "other"))
+    cats = ("attention", "router", "expert_compute", "io_wait", "barrier", "other")
+    parts = sum(decode[c] for c in cats)
     assert parts == pytest.approx(decode["total"], rel=1e-6)
 
 

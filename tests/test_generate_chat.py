@@ -11,7 +11,8 @@ from sdq.format.model import open_model
 
 PROMPT = "Explain in two sentences why a disk is slower than memory, and what a cache does."
 FIGURES = (
-    "decode_tok_s prefill_tok_s ttft_ms hit_rate ssd_mb_per_token expert_io_ms_per_token "
+    "decode_tok_s prefill_tok_s ttft_ms hit_rate prefetch_hit_rate prefetch_accuracy "
+    "reads_avoided ssd_mb_per_token prefetch_mb_per_token expert_io_ms_per_token "
     "expert_compute_ms_per_token total_ms_per_token peak_rss_mb swap_mb slots"
 ).split()
 
@@ -44,6 +45,10 @@ def test_paged_chat_matches_resident(tiny_model, tmp_path):
     assert paged["slots"] == small and roomy["slots"] >= total_experts
     assert roomy["hit_rate"] > paged["hit_rate"] and paged["expert_cache"]["evictions"] > 0
     assert 0.0 <= paged["hit_rate"] < 1.0 and paged["ssd_mb_per_token"] > 0
+    # prefetch-served lookups are misses: hits + prefetch hits never exceed the lookups, and
+    # reads_avoided counts every byte read, prefetches included
+    assert paged["hit_rate"] + paged["prefetch_hit_rate"] <= 1.0
+    assert paged["reads_avoided"] < 1.0 and paged["prefetch_mb_per_token"] >= 0
     assert paged["settings"]["plan"]["slots"] == paged["slots"]
     lines = log.read_text().splitlines()
     positions = len(paged["prompt_ids"]) + paged["n_decode"]
@@ -56,7 +61,7 @@ def test_streaming_text_then_figures_and_profile(tiny_model, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "decode_tok_s" in out and "peak_rss_mb" in out
-    for category in ("attention", "router", "expert_compute", "io_wait", "other"):
+    for category in ("attention", "router", "expert_compute", "io_wait", "barrier", "other"):
         assert category in out
 
 

@@ -160,22 +160,29 @@ def test_the_plan_must_be_made_for_the_cache_settings(model):
         ExpertCache(model, plan, settings=CacheSettings(policy="lrfu_bypass"))
 
 
-def test_prefetch_turns_misses_into_hits(model):
+def test_prefetched_experts_are_read_misses_not_hits(model):
+    """A lookup a prefetch's read serves is a miss (and a prefetch hit) that reads nothing
+    itself; the next lookup of the same expert is a hit."""
     cache = ExpertCache(model, plan_for_slots(model, 6))
     layer = model.experts.layers[1]
     assert cache.prefetch(layer, [3, 4, 3]) == 2
     assert cache.prefetch(layer, [3]) == 0
     h = cache.acquire(layer, [3, 4, 5])
-    assert h.hits == (True, True, False)
+    assert h.hits == (False, False, False)
     check_views(model, h)
     cache.release(h)
     s = cache.stats
-    assert s["prefetches"] == 2 and s["prefetch_hits"] == 2 and s["misses"] == 1
+    assert s["prefetches"] == 2 and s["prefetch_hits"] == 2 and s["misses"] == 3
+    assert s["hits"] == 0 and s["hit_rate"] == 0.0
     assert (
         s["bytes_read"]
         == s["expert_bytes_read"]
         == sum(int(model.experts.nbytes[1, e].sum()) for e in (3, 4, 5))
     )
+    h = cache.acquire(layer, [4, 3])
+    assert h.hits == (True, True)
+    cache.release(h)
+    assert cache.stats["hits"] == 2 and cache.stats["prefetch_hits"] == 2
     cache.close()
 
 

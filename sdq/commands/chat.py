@@ -42,6 +42,7 @@ def run(args) -> int:
                 "prompt_ids": g.prompt_ids,
                 "generated_ids": g.generated_ids,
                 "settings": s.settings_dict(),
+                "io_profile": settings.io_profile,  # the saved I/O profile applied, or None
                 **s.figures(g),
                 "token_ms": [round(ms, 3) for ms in g.token_ms],
             }
@@ -98,7 +99,11 @@ FIGURE_ORDER = (
     ("prefill_tok_s", "{:.2f}"),
     ("ttft_ms", "{:.1f}"),
     ("hit_rate", "{:.4f}"),
+    ("prefetch_hit_rate", "{:.4f}"),
+    ("prefetch_accuracy", "{:.4f}"),
+    ("reads_avoided", "{:.4f}"),
     ("ssd_mb_per_token", "{:.2f}"),
+    ("prefetch_mb_per_token", "{:.2f}"),
     ("expert_io_ms_per_token", "{:.2f}"),
     ("expert_compute_ms_per_token", "{:.2f}"),
     ("total_ms_per_token", "{:.2f}"),
@@ -126,7 +131,7 @@ def _format_profile(profile: dict) -> str:
         "time per op category (ms per token)",
         f"{'category':16s} {'prefill':>9s} {'decode':>9s}",
     ]
-    cats = ("attention", "router", "expert_compute", "io_wait", "other", "total")
+    cats = ("attention", "router", "expert_compute", "io_wait", "barrier", "other", "total")
     for c in cats:
         row = [profile.get(ph, {}).get(c) for ph in ("prefill", "decode")]
         cells = [f"{v:9.3f}" if v is not None else f"{'-':>9s}" for v in row]

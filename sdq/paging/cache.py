@@ -31,8 +31,19 @@ admitted after all (counted as `overflow_admits`) rather than failing.
 
 Prefetch: `prefetch(layer, ids)` reads experts that are not cached without counting lookups.
 Under lru and layer_lrfu they take free or evictable slots (layer_lrfu ranks victims from the
-layer now being computed) and a later acquire finds them as hits; under lrfu_bypass they wait
-in streaming slots (sdq.paging.prefetch).
+layer now being computed) and a later acquire finds them there; under lrfu_bypass they wait in
+streaming slots (sdq.paging.prefetch).
+
+What counts as a hit (the counters in `stats`; DESIGN.md's `hit_rate`): a lookup is a hit when
+its expert was in a cache slot with bytes that an earlier lookup had already been served from
+(or whose read an earlier lookup's miss started), i.e. when serving it needed no read of its
+own or of a prefetch. Every other lookup is a miss, and a miss whose bytes a prefetch read (or
+is reading) is also a `prefetch_hit`: a read that a prefetch made is a read. So
+lookups = hits + misses, and prefetch_hits <= misses, under every policy. An expert a prefetch
+read and no lookup has used yet stays a prefetch hit for its first lookup even tokens later.
+Bytes: every read (an acquire's or a prefetch's, used or a wrong guess) is counted in
+`bytes_read` and `expert_bytes_read`; `lookup_expert_bytes` is what an all-miss run would read
+(every lookup's expert bytes), so `reads_avoided` = 1 - expert_bytes_read / lookup_expert_bytes.
 
 Several Python threads may acquire and release concurrently: the bookkeeping is under one
 lock; waiting for reads happens outside it.
@@ -76,6 +87,8 @@ COUNTERS = (
     "reads",
     "bytes_read",
     "expert_bytes_read",
+    "prefetch_bytes_read",
+    "lookup_expert_bytes",
 )
 
 
@@ -102,7 +115,7 @@ class ExpertHandle:
 
     layer: int
     experts: tuple[int, ...]
-    hits: tuple[bool, ...]  # True: found in the arena (maybe still loading from a prefetch)
+    hits: tuple[bool, ...]  # True: a hit (module docstring); False: a miss, maybe prefetched
     slots: list[int]  # arena slot per expert
     pending: list[tuple[ReadBatch, int] | None]  # per expert: the read to wait for, if any
     entries: list[Entry | None]  # per expert: its cache entry; None when streamed
@@ -175,7 +188,11 @@ class ExpertCache:
         self._busy_ns = 0
         self._wait_ns = 0
         self._layer_counts = [[0, 0, 0] for _ in range(n_rows)]  # [L][lookups, hits, misses]
-        self._expert_bytes = self.table.nbytes.sum(axis=2).tolist()  # [L][E] Python ints
+        nbytes = self.table.nbytes.sum(axis=2)  # [L, E]
+        self._expert_bytes = nbytes.tolist()  # [L][E] Python ints
+        # [L] one expert's bytes when a layer's experts are all the same size (a GGUF's always
+        # are: one tensor per layer and part), else None: then lookups are summed one by one
+        self._row_bytes = [int(r[0]) if (r == r[0]).all() else None for r in nbytes]
         self._closed = False
 
     # ---------------------------------------------------------------- public API
@@ -199,7 +216,9 @@ class ExpertCache:
             slots: list[int] = []
             pending: list[tuple[ReadBatch, int] | None] = []
             entries: list[Entry | None] = []
-            hits: list[bool] = []
+            hits: list[bool] = []  # found in a cache slot (a hit unless prefetched: served)
+            served: list[int] = []  # found, but read by a prefetch: misses, prefetch hits
+            n_streamed = 0  # misses served from a streaming slot a prefetch read: the same
             load: list[int] = []  # indices into ids that need a read
             scored = self._policy.scored
             score_of, token, decay = res.scores, res.token, res.decay
@@ -219,7 +238,7 @@ class ExpertCache:
                         row_lru.move_to_end(key)
                         if entry.prefetched:
                             entry.prefetched = False
-                            c["prefetch_hits"] += 1
+                            served.append(i)
                         elif entry.pending is not None:
                             c["inflight_hits"] += 1
                         slots.append(entry.slot)
@@ -246,15 +265,20 @@ class ExpertCache:
                         slots.append(stream_free.pop() if streamed is None else streamed[0])
                         entries.append(None)
                     if streamed is not None:
-                        c["prefetch_hits"] += 1
+                        n_streamed += 1
                         pending.append(streamed[1])
                         continue
                     pending.append(None)
                     load.append(i)
             except BaseException:
+                for i in served:
+                    entries[i].prefetched = True
                 self._undo(hits, slots, entries)
                 raise
-            self._count(row, hits, sum(1 for i in load if entries[i] is None))
+            n_served = len(served) + n_streamed
+            self._count(row, ids, sum(hits) - len(served), n_served, load, entries)
+            if served:
+                hits = [h and i not in served for i, h in enumerate(hits)]
             if load:
                 batch = self._submit(row, [ids[i] for i in load], [slots[i] for i in load])
                 for g, i in enumerate(load):
@@ -325,7 +349,9 @@ class ExpertCache:
             self._check_open()
             self._harvest()
             if self._policy.bypasses:
-                started = self._streaming.start(row, ids, self._residents.entries, self._submit)
+                started = self._streaming.start(
+                    row, ids, self._residents.entries, self._submit_prefetch
+                )
             else:
                 started = self._prefetch_cached(row, ids)
             self._counters["prefetches"] += started
@@ -339,20 +365,29 @@ class ExpertCache:
 
     @property
     def stats(self) -> dict:
-        """lookups, hits, misses, hit_rate, bypassed (misses read to a streaming slot, not
-        admitted), evictions, inflight_hits (hits on a read still running), prefetches,
-        prefetch_hits (lookups served by a prefetch: hits under lru / layer_lrfu, misses that
-        read nothing under lrfu_bypass), prefetch_unused (streamed prefetches nobody
-        requested), read_errors, overflow_admits, reads (preads issued), bytes_read (device
-        bytes incl. O_DIRECT page rounding), expert_bytes_read, read_ms (submit to last byte,
-        summed over batches), io_busy_ms (sum of every pread's own duration), wait_ms (time
-        callers blocked in wait), policy, slots, slot_bytes, cached, streamed (prefetches
-        waiting in streaming slots), layers {layer: [lookups, hits, misses]}. Reads still in
-        flight are not yet in read_ms."""
+        """lookups, hits, misses (lookups = hits + misses; what a hit is: module docstring),
+        hit_rate (hits / lookups), bypassed (misses read to a streaming slot, not admitted),
+        evictions, inflight_hits (hits on a read an earlier lookup's miss started, still
+        running), prefetches (experts a prefetch started reading), prefetch_hits (misses
+        served by a prefetch's read, which read nothing themselves), prefetch_hit_rate
+        (prefetch_hits / lookups), prefetch_unused (streamed prefetches nobody requested),
+        read_errors, overflow_admits, reads (preads issued), bytes_read (device bytes incl.
+        O_DIRECT page rounding; every read, prefetches and wrong guesses included),
+        expert_bytes_read (the experts' own bytes of those reads), prefetch_bytes_read (the
+        device bytes of prefetch reads, in bytes_read too), lookup_expert_bytes (the expert
+        bytes an all-miss run would read: every lookup's expert), reads_avoided (1 -
+        expert_bytes_read / lookup_expert_bytes), read_ms (submit to last byte, summed over
+        batches), io_busy_ms (sum of every pread's own duration), wait_ms (time callers
+        blocked in wait), policy, slots, slot_bytes, cached, streamed (prefetches waiting in
+        streaming slots), layers {layer: [lookups, hits, misses]}. Reads still in flight are
+        not yet in read_ms. Rates are 0.0 before the first lookup."""
         with self._lock:
             self._harvest()
             s = dict(self._counters)
-            s["hit_rate"] = s["hits"] / s["lookups"] if s["lookups"] else 0.0
+            n, all_miss = s["lookups"], s["lookup_expert_bytes"]
+            s["hit_rate"] = s["hits"] / n if n else 0.0
+            s["prefetch_hit_rate"] = s["prefetch_hits"] / n if n else 0.0
+            s["reads_avoided"] = 1.0 - s["expert_bytes_read"] / all_miss if all_miss else 0.0
             s["policy"] = self.policy
             s["read_ms"] = self._read_ns / 1e6
             s["io_busy_ms"] = self._busy_ns / 1e6
@@ -420,7 +455,9 @@ class ExpertCache:
                 entry.pins = 1  # until its read is submitted: a later id must not evict it
                 new.append(entry)
             if new:
-                batch = self._submit(row, [en.key[1] for en in new], [en.slot for en in new])
+                batch = self._submit_prefetch(
+                    row, [en.key[1] for en in new], [en.slot for en in new]
+                )
                 for g, entry in enumerate(new):
                     entry.pending = (batch, g)
         finally:
@@ -428,13 +465,23 @@ class ExpertCache:
                 entry.pins = 0
         return len(new)
 
-    def _count(self, row: int, hits: list[bool], bypassed: int) -> None:
-        """Counts an acquire's lookups (hit flags in order) and its misses read past the cache."""
-        c, n, n_hits = self._counters, len(hits), sum(hits)
+    def _count(self, row: int, ids, n_hits: int, n_served: int, load, entries) -> None:
+        """Counts an acquire of experts `ids` of table row `row`: its lookups, hits, misses
+        (n_served of them served by a prefetch's read), the expert bytes an all-miss run would
+        read, and its misses read past the cache (indices `load` without a cache entry)."""
+        c, n = self._counters, len(ids)
         c["lookups"] += n
         c["hits"] += n_hits
         c["misses"] += n - n_hits
-        c["bypassed"] += bypassed
+        c["prefetch_hits"] += n_served
+        size = self._row_bytes[row]
+        if size is not None:
+            c["lookup_expert_bytes"] += n * size
+        else:
+            sizes = self._expert_bytes[row]
+            c["lookup_expert_bytes"] += sum(sizes[e] for e in ids)
+        if load:
+            c["bypassed"] += sum(1 for i in load if entries[i] is None)
         counts = self._layer_counts[row]
         counts[0] += n
         counts[1] += n_hits
@@ -451,15 +498,23 @@ class ExpertCache:
             elif entry is not None:
                 self._residents.unadmit(entry)
 
-    def _submit(self, row: int, experts: list[int], slots: list[int]) -> ReadBatch:
+    def _submit(
+        self, row: int, experts: list[int], slots: list[int], prefetch: bool = False
+    ) -> ReadBatch:
         base, size = self.arena.base, self.arena.slot_bytes
         addrs = [base + s * size for s in slots]
         batch, device_bytes = self.reader.submit(row, experts, addrs, keepalive=self.arena)
         self._inflight.append(batch)
-        self._counters["bytes_read"] += device_bytes
+        c = self._counters
+        c["bytes_read"] += device_bytes
+        if prefetch:
+            c["prefetch_bytes_read"] += device_bytes
         sizes = self._expert_bytes[row]
-        self._counters["expert_bytes_read"] += sum(sizes[e] for e in experts)
+        c["expert_bytes_read"] += sum(sizes[e] for e in experts)
         return batch
+
+    def _submit_prefetch(self, row: int, experts: list[int], slots: list[int]) -> ReadBatch:
+        return self._submit(row, experts, slots, prefetch=True)
 
     def _harvest(self) -> None:
         """Accounts finished batches (read time, failures of reads nobody waited for)."""

@@ -46,7 +46,7 @@ class LRU:
 
     @staticmethod
     def streaming_slots(n_expert_used: int, prefetch_slots: int) -> int:
-        return 0  # prefetches take cache slots and are found as hits
+        return 0  # prefetches take cache slots, where a later acquire finds them
 
     def __init__(self, residents: Residents, row: int, keep):
         self.residents = residents

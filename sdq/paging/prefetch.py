@@ -2,13 +2,15 @@
 
 While layer l computes, the engine guesses layer l+1's experts with that layer's router and asks
 the cache to start reading them. Under lru and layer_lrfu the guesses take cache slots and a
-later acquire finds them as hits (sdq.paging.cache). Under lrfu_bypass they must not change a
-cache decision, so they are read into streaming slots outside the cache: the acquire that
-requests one still counts a miss and applies the policy (admitted: the prefetched slot becomes
-the cache slot and the victim's slot a streaming one; bypassed: it is used from its streaming
-slot), but reads nothing (`prefetch_hits`). The next acquire drops the streamed experts it does
-not request (`prefetch_unused`: a wrong guess, whose bytes stay counted in bytes_read); their
-slots return to the pool once their reads are over.
+later acquire finds them there. Under lrfu_bypass they must not change a cache decision, so
+they are read into streaming slots outside the cache: the acquire that requests one applies
+the policy (admitted: the prefetched slot becomes the cache slot and the victim's slot a
+streaming one; bypassed: it is used from its streaming slot), but reads nothing. Under every
+policy a lookup served by a prefetch's read counts as a miss and a `prefetch_hit`, never as a
+hit (sdq.paging.cache). The next acquire drops the streamed experts it does not request
+(`prefetch_unused`: a wrong guess); their slots return to the pool once their reads are over.
+Every prefetch read, used or not, is counted in bytes_read, expert_bytes_read and
+prefetch_bytes_read.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from sdq.kernels.expert import supported as expert_kernel_supported
 from sdq.run.workspace import Workspace
 
 SUPPORTED_ARCHS = ("qwen3moe",)
-PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "other")
+PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "barrier", "other")
 
 
 @dataclass
@@ -241,7 +241,24 @@ def _pread_into(f, out: np.ndarray, offset: int, path, what: str) -> None:
 
 @dataclass
 class Timers:
-    """Seconds spent per op category (always collected; perf_counter costs ~0.1 us)."""
+    """Seconds spent per op category (always collected; perf_counter costs ~0.1 us).
+
+    The categories split the calling thread's wall time, so they add up to it (whatever no
+    timer covers goes to `other` in sdq.run.generate):
+        attention       norms, q/k/v/o products, rope, the KV cache and attention
+        router          the router product, top-K, and the decode prefetch's next-layer guess
+        io_wait         time spent blocked on expert reads (handle.wait)
+        barrier         prefill with the expert worker pool: the workers' mean idle time once
+                        every expert of the chunk was handed over, i.e. waiting for the slowest
+                        worker (`pool_barrier`), measured from each expert's start and end time
+        expert_compute  the rest of the MoE block: expert products, their sum, hand-offs
+        other           embedding, output norm and head
+    Not measured: the waits inside Numba's parallel kernels (prange loops end at an implicit
+    barrier where the threads that finish first wait for the slowest). Timing them would need
+    per-thread clocks inside the kernels; they stay in the category of the op that ran the
+    kernel (attention, router, expert_compute). A decode step runs no worker pool, so its
+    barrier is 0: not a measurement of the kernels' barriers.
+    """
 
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(PROFILE_CATEGORIES, 0.0)
@@ -405,13 +422,16 @@ class Engine:
         # a prefill ubatch may route to more experts than the arena can pin at once
         step = int(getattr(self.experts, "max_acquire", len(union)) or len(union))
         guess_s = 0.0
+        barrier_s = 0.0
         for c in range(0, len(union), step):
             chunk = union[c : c + step]
             handle = self.experts.acquire(il, chunk)
             if self.prefetch_next and T == 1 and il + 1 < len(self.weights.layers):
                 guess_s = self._prefetch_next(il)
             try:
-                wait_s += self._run_experts(chunk, handle, ids, weights, T, acts)
+                waited, barrier = self._run_experts(chunk, handle, ids, weights, T, acts)
+                wait_s += waited
+                barrier_s += barrier
             finally:
                 self.experts.release(handle)
         parts = ws.ffn_parts[:T]  # [T, K, D]
@@ -422,7 +442,9 @@ class Engine:
         t2 = time.perf_counter()
         self.timers.add("io_wait", wait_s)
         self.timers.add("router", guess_s)
-        self.timers.add("expert_compute", t2 - t1 - wait_s - guess_s)
+        if barrier_s:
+            self.timers.add("barrier", barrier_s)
+        self.timers.add("expert_compute", t2 - t1 - wait_s - guess_s - barrier_s)
 
     def _prefetch_next(self, il: int) -> float:
         """Decode: layer il+1's router applied to the residual as it is now (before layer il's
@@ -443,16 +465,21 @@ class Engine:
         self.experts.prefetch(il + 1, ids[0, : self.prefetch_next])  # most probable first
         return time.perf_counter() - t0
 
-    def _run_experts(self, chunk, handle, ids, weights, T: int, acts: Activations) -> float:
+    def _run_experts(
+        self, chunk, handle, ids, weights, T: int, acts: Activations
+    ) -> tuple[float, float]:
         """Compute the chunk's experts as their bytes become ready; return the seconds spent
-        waiting for them.
+        waiting for them and the worker pool's barrier seconds (`pool_barrier`; 0 without
+        the pool).
 
         Prefill with n > 1 Numba threads: an expert gets ~T*K/E tokens, too little work to
         split its rows across threads (every product would wake the other threads). Whole
         experts go to n worker threads instead, each running single-threaded kernels on its
         own buffers, so one worker's Python between products overlaps another's kernels.
         This thread waits for each expert's bytes (in ready order) and hands it on; its wait
-        time, reported as io_wait, may then overlap the workers' compute.
+        time, reported as io_wait, may then overlap the workers' compute. Once the last
+        expert is handed over it waits for the workers; the workers' mean idle time in that
+        window is the barrier (`pool_barrier`), the rest of the window expert compute.
 
         Prefill with K-quant experts: the layer input is converted to Q8_K once here, and each
         expert is one kernel call (sdq.kernels.expert) that gathers its tokens' Q8_K rows."""
@@ -471,9 +498,10 @@ class Engine:
                     self._expert_q8k(e, views, ids, weights, qx, self._fused_bufs(0))
                 else:
                     self._expert(e, views, ids, weights, T, acts)
-            return wait_s
+            return wait_s, 0.0
         pool = self._expert_pool(workers)
         futures = []
+        t_handed = None
         try:
             for i in order:
                 tw = time.perf_counter()
@@ -481,11 +509,12 @@ class Engine:
                 wait_s += time.perf_counter() - tw
                 e, views = int(chunk[i]), handle.views(i)
                 futures.append(pool.submit(self._expert_on_worker, e, views, ids, weights, T, qx))
+            t_handed = time.perf_counter()
         finally:
             wait_all(futures)  # no worker may still read a slot when the handle is released
-        for f in futures:
-            f.result()  # a worker's error is raised here
-        return wait_s
+        t_end = time.perf_counter()
+        spans = [f.result() for f in futures]  # a worker's error is raised here
+        return wait_s, pool_barrier(spans, workers, t_handed, t_end)
 
     def _expert_pool(self, workers: int) -> ThreadPoolExecutor:
         pool = getattr(self, "_pool", None)
@@ -504,21 +533,23 @@ class Engine:
             pool.shutdown()
             self._pool = None
 
-    def _expert_on_worker(self, e: int, views, ids, weights, T: int, qx) -> None:
+    def _expert_on_worker(self, e: int, views, ids, weights, T: int, qx) -> tuple[float, float]:
         """_expert (or _expert_q8k when qx, the layer input as Q8_K, is given) on a pool
         thread: single-threaded kernels, the thread's own expert buffers (row i of the
         workspace's ffn_in, ffn_gate, ffn_up, ffn_down [W, T, .], which the memory plan
-        counts for W compute threads)."""
+        counts for W compute threads). -> (start, end) perf_counter seconds of the work."""
+        t0 = time.perf_counter()
         numba.set_num_threads(1)  # this thread's kernels only
         local = self._worker_bufs
         if not hasattr(local, "i"):
             local.i = next(self._worker_ids)
         if qx is not None:
             self._expert_q8k(e, views, ids, weights, qx, self._fused_bufs(local.i))
-            return
+            return t0, time.perf_counter()
         ws, i = self.ws, local.i
         bufs = (ws.ffn_in[i], ws.ffn_gate[i], ws.ffn_up[i], ws.ffn_down[i])
         self._expert(e, views, ids, weights, T, None, bufs)
+        return t0, time.perf_counter()
 
     def _fused_bufs(self, i: int):
         """Worker i's buffers for _expert_q8k: ffn_in[i] holds the gathered Q8_K input rows
@@ -576,6 +607,22 @@ class Engine:
         matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d)
         d *= w
         ws.ffn_parts[rows, slots] = d  # a token picks an expert at most once
+
+
+def pool_barrier(spans, workers: int, t_handed: float, t_end: float) -> float:
+    """Seconds the average worker of a pool of `workers` threads waited for the others after
+    the last task was handed over at t_handed, until the last one ended at t_end:
+    (workers x (t_end - t_handed) - the tasks' busy time inside that window) / workers.
+
+    spans: (start, end) of every task, on the perf_counter clock of t_handed and t_end (one
+    worker's tasks never overlap). Idle time before t_handed is not counted: the workers then
+    wait for the hand-over (the reads: io_wait), not for each other. >= 0; 0 for one worker
+    that runs the whole window."""
+    window = t_end - t_handed
+    if workers < 1 or window <= 0:
+        return 0.0
+    busy = sum(max(0.0, min(end, t_end) - max(start, t_handed)) for start, end in spans)
+    return max(0.0, (workers * window - busy) / workers)
 
 
 def _expert_shapes(spec):

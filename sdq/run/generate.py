@@ -7,9 +7,30 @@ Figures (names as in DESIGN.md):
     total_ms_per_token, expert_io_ms_per_token, expert_compute_ms_per_token
                     decode wall time, time the compute waited for expert reads, and time in
                     expert matmuls, each per decode forward pass
-    hit_rate        expert lookups served from RAM / all lookups, during decode
-    ssd_mb_per_token  bytes read from the model file during decode / decode forward passes
+    hit_rate        decode expert lookups served from the arena by bytes that an earlier
+                    lookup had used / all decode lookups: arena hits only. A lookup served by
+                    a prefetch's read is not a hit (sdq.paging.cache says what a hit is).
+    prefetch_hit_rate  decode lookups served by a prefetch's read / all decode lookups
+                    (1 - hit_rate - prefetch_hit_rate: lookups that read their expert then)
+    prefetch_accuracy  decode prefetches a lookup used / decode prefetches (wrong guesses
+                    are the rest; NaN when nothing was prefetched)
+    reads_avoided   1 - expert bytes read during decode / expert bytes an all-miss decode
+                    would read (every lookup's expert bytes); prefetch reads, used or not,
+                    count as reads. NaN for an expert source without byte counters
+                    (ResidentExperts)
+    ssd_mb_per_token  bytes read from the model file during decode (device bytes, O_DIRECT
+                    rounding included; prefetch reads and wrong guesses included) / decode
+                    forward passes
+    prefetch_mb_per_token  the part of ssd_mb_per_token that prefetches read
     peak_rss_mb, swap_mb  from the OS (VmHWM and VmSwap of this process)
+    prefill_hit_rate, prefill_ssd_mb  the same counts over the prefill (no prefetch runs there)
+
+The profile (`Generation.profile`, `sdq chat --profile`): ms per token per category of
+sdq.run.engine.Timers, plus `other` (what no timer covered: embedding, output head, sampling,
+Python between ops) and `total`, per phase. `other` is the wall time minus the timed
+categories, so the categories add up to `total` in every run by construction. Medians over
+runs do not add up; sdq.measure.experiments.summary.additive_breakdown scales them so
+they do.
 
 The first generated token comes from the prefill's logits; each later one needs a forward pass
 of the token before it, so n generated tokens cost n - 1 decode passes (none when the first
@@ -108,11 +129,14 @@ def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=
     timers2, io2 = engine.timers.snapshot(), _cache_stats(engine.experts)
 
     n_decode = len(token_ms)
-    per_tok = 1.0 / n_decode if n_decode else float("nan")
+    nan = float("nan")
+    per_tok = 1.0 / n_decode if n_decode else nan
     decode_timers = _delta(timers2, timers1)
     decode_io = _delta(io2, io1)
     decode_wall = sum(token_ms) / 1e3
     lookups = decode_io.get("lookups", 0)
+    prefetches = decode_io.get("prefetches", 0)
+    all_miss = decode_io.get("lookup_expert_bytes", 0)
     figures = {
         "n_prompt": n_prompt,
         "n_generated": len(generated),
@@ -124,7 +148,13 @@ def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=
         "expert_io_ms_per_token": decode_timers["io_wait"] * 1e3 * per_tok,
         "expert_compute_ms_per_token": decode_timers["expert_compute"] * 1e3 * per_tok,
         "hit_rate": decode_io.get("hits", 0) / lookups if lookups else float("nan"),
+        "prefetch_hit_rate": decode_io.get("prefetch_hits", 0) / lookups if lookups else nan,
+        "prefetch_accuracy": decode_io.get("prefetch_hits", 0) / prefetches if prefetches else nan,
+        "reads_avoided": 1.0 - decode_io.get("expert_bytes_read", 0) / all_miss
+        if all_miss
+        else nan,
         "ssd_mb_per_token": decode_io.get("bytes_read", 0) / 1e6 * per_tok,
+        "prefetch_mb_per_token": decode_io.get("prefetch_bytes_read", 0) / 1e6 * per_tok,
         "prefill_hit_rate": _ratio(_delta(io1, io0), "hits", "lookups"),
         "prefill_ssd_mb": _delta(io1, io0).get("bytes_read", 0) / 1e6,
         "decode_s": t_decode,

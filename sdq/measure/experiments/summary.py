@@ -1,5 +1,6 @@
 """From journal rows to tables: one row per run (`runs_frame`), medians and spread per
-configuration (`summarize`), and the op profile per run (`profile_frame`).
+configuration (`summarize`), the op profile per run (`profile_frame`) and its medians scaled
+to add up (`additive_breakdown`).
 
 Spread of a metric over the repeats of one configuration: min, max, and (max - min) / median,
 the relative width a reader compares against the differences between configurations. With the
@@ -20,7 +21,11 @@ CHAT_METRICS = (
     "prefill_tok_s",
     "ttft_ms",
     "hit_rate",
+    "prefetch_hit_rate",
+    "prefetch_accuracy",
+    "reads_avoided",
     "ssd_mb_per_token",
+    "prefetch_mb_per_token",
     "expert_io_ms_per_token",
     "expert_compute_ms_per_token",
     "total_ms_per_token",
@@ -120,7 +125,15 @@ def summarize(records, by: Sequence[str], metrics: Sequence[str], spread_of: Seq
     return pd.DataFrame(out)
 
 
-PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "other", "total")
+PROFILE_CATEGORIES = (
+    "attention",
+    "router",
+    "expert_compute",
+    "io_wait",
+    "barrier",
+    "other",
+    "total",
+)
 
 
 def profile_frame(rows: Iterable[dict]):
@@ -144,9 +157,53 @@ def profile_frame(rows: Iterable[dict]):
     return pd.DataFrame(recs, columns=["label", "repeat", "phase", "category", "ms_per_token"])
 
 
+def additive_breakdown(prof, by: Sequence[str] = ("label", "phase")):
+    """Per group (`by`) of a `profile_frame`, a time breakdown whose parts add up to its total.
+
+    Each run's categories add up to its total (sdq.run.generate), but the medians over runs
+    of the categories do not add up to the median of the totals. Here the category medians
+    are scaled by one factor per group, `scale` = median total / sum of the category
+    medians, so that they sum to the median total; `median_ms` keeps the unscaled median and
+    `scale` says how far the medians were from adding up (1.0: they did). A category that
+    some runs of a group lack (a journal from before it was measured) counts 0 in them.
+
+    -> one row per group and category (the categories in PROFILE_CATEGORIES order, `total`
+    last): *by, category, ms_per_token (scaled; `total`: the median total), median_ms,
+    share (ms_per_token / total), scale, runs."""
+    import pandas as pd
+
+    cols = [*by, "category", "ms_per_token", "median_ms", "share", "scale", "runs"]
+    if prof.empty:
+        return pd.DataFrame(columns=cols)
+    run_keys = [*by, "repeat"] if "repeat" in prof else list(by)
+    wide = prof.pivot_table(
+        index=run_keys, columns="category", values="ms_per_token", aggfunc="first"
+    )
+    parts = [c for c in PROFILE_CATEGORIES if c != "total" and c in wide.columns]
+    parts += [c for c in wide.columns if c not in PROFILE_CATEGORIES]
+    out = []
+    for keys, g in wide.groupby(level=list(range(len(by))), sort=False):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        g = g[g["total"].notna()] if "total" in g else g.iloc[0:0]
+        if g.empty:
+            continue
+        total = float(g["total"].median())
+        medians = {c: float(g[c].fillna(0.0).median()) for c in parts}
+        covered = sum(medians.values())
+        scale = total / covered if covered else float("nan")
+        for c in [*parts, "total"]:
+            ms = total if c == "total" else medians[c] * scale
+            raw = total if c == "total" else medians[c]
+            share = ms / total if total else float("nan")
+            out.append([*keys, c, ms, raw, share, scale, len(g)])
+    return pd.DataFrame(out, columns=cols)
+
+
 IO_METRICS = (
     "decode_tok_s",
     "hit_rate",
+    "prefetch_hit_rate",
+    "reads_avoided",
     "ssd_mb_per_token",
     "expert_io_ms_per_token",
     "expert_compute_ms_per_token",
