@@ -147,19 +147,26 @@ def test_fio_side_by_side(disk_dir, capsys):
     if shutil.which("fio") is None:
         pytest.skip("fio is not installed")
     code, out, err = run_cli(
-        [*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio", "--json"], capsys
+        [*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio", "--fio-seconds", "0", "--json"],
+        capsys,
     )
     assert code == 0, err
     data = json.loads(out)
     assert [f["threads"] for f in data["fio"]] == [1, 2]
     for f, level in zip(data["fio"], data["levels"], strict=True):
-        assert f["reads"] == 8 and f["mb_s"] > 0 and f["median_ms"] > 0
+        assert f["reads"] == 8 and f["mb_s"] > 0 and f["median_ms"] > 0  # as many reads as sdq
         assert "--direct=1" in f["command"] and "--bs=262144" in f["command"]
+        assert "--number_ios=" in f["command"] and "--time_based" not in f["command"]
         assert f["sdq_over_fio"] == pytest.approx(level["mb_s"] / f["mb_s"])
-    assert data["fio_note"].startswith("fio")
-    code, out, err = run_cli([*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio"], capsys)
+        # huge-page buffers where they could be reserved, and the run says which
+        huge = "--iomem=shmhuge" in f["command"]
+        assert f["page_bytes"] == ([2 << 20] if huge else [4096])
+    assert data["fio_note"].startswith("fio") and "pages" in data["fio_memory"]
+    code, out, err = run_cli(
+        [*SMOKE_ARGS, "--scratch-dir", str(disk_dir), "--fio", "--fio-seconds", "0.2"], capsys
+    )
     assert code == 0, err
-    assert "sdq/fio" in out
+    assert "sdq/fio" in out and "buffers:" in out and "--runtime=200ms" in out
 
 
 def test_fio_missing_is_said_not_fatal(disk_dir, capsys, monkeypatch):

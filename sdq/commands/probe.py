@@ -13,6 +13,8 @@ from sdq.errors import ParamsError
 from sdq.units import GIB, KIB, MIB
 
 _SUFFIX = {"k": KIB, "m": MIB, "g": GIB}
+SAVED = Path("<saved profile of the device>")  # --profile-out without a PATH
+DEFAULT_FIO_SECONDS = 0.5
 
 
 def parse_bytes(text: str) -> int:
@@ -80,21 +82,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fio",
         action="store_true",
-        help="also run each concurrency level with fio (same pattern, interleaved) when installed",
+        help="also run each concurrency level with fio (same pattern, interleaved) when "
+        "installed, into huge-page buffers where they can be reserved",
+    )
+    parser.add_argument(
+        "--fio-seconds",
+        type=float,
+        default=DEFAULT_FIO_SECONDS,
+        help=f"length of each fio run (default {DEFAULT_FIO_SECONDS}; fio times runs in whole ms); "
+        "0: the same number of reads as sdq",
     )
     parser.add_argument(
         "--engine",
         action="store_true",
         help="also time the pager's own expert reads of --model (O_DIRECT, into a K-slot arena) "
-        "at each --threads level, beside the same reads into one slot and (with --fio) fio",
+        "at each --threads level, beside the same reads into one slot and (with --fio) fio, and "
+        "in mode split for each --split; the recommendation then comes from these reads",
     )
     parser.add_argument(
         "--engine-layers", type=int, default=9, help="decode layers per engine run (default 9)"
     )
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument(
-        "--profile-out", type=Path, help="write the I/O profile for `sdq chat --io-profile`"
+        "--profile-out",
+        nargs="?",
+        const=SAVED,
+        type=Path,
+        metavar="PATH",
+        help="write the I/O profile to PATH; without PATH, to the saved profile of the probed "
+        "file's device, which `sdq chat` then uses by default for models on that device",
     )
+
+
+def profile_destination(args, settings) -> Path | None:
+    """Where the profile goes: --profile-out PATH, or the saved profile of the device holding
+    the probed file (the scratch directory for a scratch file); None without --profile-out."""
+    if args.profile_out is None:
+        return None
+    if args.profile_out != SAVED:
+        _check_out_dir(args.profile_out)
+        return args.profile_out
+    from sdq.paging.io_profile import default_profile_path
+
+    probed = settings.path if settings.path is not None else settings.scratch_dir
+    try:
+        path = default_profile_path(probed)
+    except OSError as exc:
+        raise ParamsError(f"--profile-out: cannot locate {probed}: {exc.strerror}") from None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ParamsError(f"--profile-out: cannot create {path.parent}: {exc.strerror}") from None
+    return path
 
 
 def _check_out_dir(path: Path) -> None:
@@ -119,6 +158,7 @@ def settings_from_args(args):
         scratch_bytes=args.scratch_size,
         seed=args.seed,
         fio=args.fio,
+        fio_seconds=args.fio_seconds,
     )
     if args.size is not None:
         fields.update(size=args.size, size_source="--size")
@@ -135,11 +175,14 @@ def settings_from_args(args):
 
 
 def format_report(result, rec) -> str:
+    from sdq.measure.probe import percentile
+
     s = result.settings
     src = "scratch file (removed)" if result.scratch else s["path"]
     lines = [
         f"file: {src}; {result.storage_label}",
-        f"cache mode: {result.cache_mode}; reads issued by {result.reader}",
+        f"cache mode: {result.cache_mode}; reads issued by {result.reader}, "
+        f"{result.arena_huge_share:.0%} of it on huge pages",
         f"read size: {s['size']} B ({s['size_source']}); {s['reads']} reads per level, "
         f"repeat {s['repeat']}; MB = 10^6 B",
         "",
@@ -152,10 +195,12 @@ def format_report(result, rec) -> str:
             f"{r.mb_s:>8.0f} {r.iops:>8.0f}"
         )
     if result.fio:
+        runtime = percentile([f["runtime_ms"] for f in result.fio], 50)
         lines += [
             "",
             f"fio, same pattern, interleaved with the rows above ({result.fio_note}; "
-            f"sdq/fio = ratio of the median MB/s, {result.cache_mode}):",
+            f"sdq/fio = ratio of the median MB/s, {result.cache_mode}); buffers: "
+            f"{result.fio_memory}; runs of {runtime:.0f} ms (median):",
             f"{'threads':>7} {'size B':>9} {'median ms':>10} {'mean ms':>9} {'p90 ms':>8} "
             f"{'MB/s':>8} {'IOPS':>8} {'sdq/fio':>8}",
         ]
@@ -203,24 +248,48 @@ def format_engine(eng) -> str:
         f"experts of a random layer each ({eng.reads_per_layer} segment reads at once), "
         f"medians of {eng.repeat} runs; read lengths {eng.bssplit}",
         f"{'threads':>7} {'engine MB/s':>11} {'4 KiB pages':>11} {'one slot':>9} {'fio':>7} "
-        f"{'eng/fio':>8} {'one/fio':>8} {'eng read ms':>11} {'4K read ms':>10}",
+        f"{'fio 4K pg':>9} {'eng/fio':>8} {'one/fio':>8} {'eng read ms':>11} {'4K read ms':>10}",
     ]
     for c in eng.cells:
         lines.append(
             f"{c.threads:>7} {c.arena_mb_s:>11.0f} {c.small_pages_mb_s:>11.0f} "
-            f"{c.one_slot_mb_s:>9.0f} {c.fio_mb_s:>7.0f} {c.arena_over_fio:>8.2f} "
-            f"{c.one_slot_over_fio:>8.2f} {c.arena_read_ms:>11.3f} {c.small_pages_read_ms:>10.3f}"
+            f"{c.one_slot_mb_s:>9.0f} {c.fio_mb_s:>7.0f} {c.fio_small_pages_mb_s:>9.0f} "
+            f"{c.arena_over_fio:>8.2f} {c.one_slot_over_fio:>8.2f} {c.arena_read_ms:>11.3f} "
+            f"{c.small_pages_read_ms:>10.3f}"
         )
     lines.append(
         "  engine: ExpertReader into a pre-faulted arena of K slots "
         f"({eng.huge_share:.0%} of it on huge pages); 4 KiB pages: the same into an arena kept "
-        "on 4 KiB pages; one slot: the same reads, every expert into one slot; fio's buffers "
-        "are 4 KiB pages"
+        "on 4 KiB pages; one slot: the same reads, every expert into one slot"
     )
+    if eng.fio_memory:
+        run = f"{eng.fio_seconds:g} s" if eng.fio_seconds else "as many reads as one engine run"
+        lines.append(f"  fio's buffers: {eng.fio_memory}; each fio run: {run}")
     if eng.fio_note:
         lines.append(f"  {eng.fio_note}")
+    if eng.splits:
+        lines += [
+            f"  mode split at {eng.splits[0].threads} threads (split 1 = mode parallel):",
+            f"  {'split':>5} {'MB/s':>8} {'min':>8} {'max':>8} {'read ms':>8}",
+        ]
+        for c in eng.splits:
+            lines.append(
+                f"  {c.split:>5} {c.mb_s:>8.0f} {c.mb_s_min:>8.0f} {c.mb_s_max:>8.0f} "
+                f"{c.read_ms:>8.3f}"
+            )
     lines.append(f"  {eng.conditions()}")
     return "\n".join(lines)
+
+
+def _finite(d):
+    """`d` with every non-finite float (NaN: not measured) as None, which JSON can hold."""
+    if isinstance(d, dict):
+        return {k: _finite(v) for k, v in d.items()}
+    if isinstance(d, list | tuple):
+        return [_finite(v) for v in d]
+    if isinstance(d, float) and not math.isfinite(d):
+        return None
+    return d
 
 
 def engine_dict(eng) -> dict:
@@ -229,10 +298,7 @@ def engine_dict(eng) -> dict:
     d = asdict(eng)
     for cell, c in zip(d["cells"], eng.cells, strict=True):
         cell.update(arena_over_fio=c.arena_over_fio, one_slot_over_fio=c.one_slot_over_fio)
-        for k, v in cell.items():  # no fio: null, not NaN (which is not JSON)
-            if isinstance(v, float) and not math.isfinite(v):
-                cell[k] = None
-    return d
+    return _finite(d)
 
 
 def run(args) -> int:
@@ -240,37 +306,40 @@ def run(args) -> int:
     from sdq.paging.io_profile import write_io_profile
 
     settings = settings_from_args(args)
-    if args.profile_out is not None:
-        _check_out_dir(args.profile_out)
     if args.engine and args.model is None:
         raise ParamsError("--engine reads a model's experts: give --model")
     if args.engine_layers < 1:
         raise ParamsError(f"--engine-layers must be >= 1, got {args.engine_layers}")
+    profile_out = profile_destination(args, settings)
 
     def progress(msg: str) -> None:
         if not args.json and sys.stderr.isatty():
             print(f"  {msg}", file=sys.stderr)
 
     result = run_probe(settings, progress=progress)
-    rec = recommend(result)
     eng = None
     if args.engine:
         from sdq.measure.probe_engine import engine_vs_fio
 
         eng = engine_vs_fio(args.model, settings.threads, layers=args.engine_layers,
                             repeat=settings.repeat, seed=settings.seed, fio=settings.fio,
+                            fio_seconds=settings.fio_seconds, splits=settings.splits,
+                            split_threads=settings.split_threads,
                             progress=progress)  # fmt: skip
-    if args.profile_out is not None:
-        write_io_profile(args.profile_out, profile_from(result))
+    rec = recommend(result, eng)
+    if profile_out is not None:
+        write_io_profile(profile_out, profile_from(result, eng))
     if args.json:
-        out = result.to_dict()
+        out = _finite(result.to_dict(eng))
         if eng is not None:
             out["engine"] = engine_dict(eng)
+        if profile_out is not None:
+            out["profile_out"] = str(profile_out)
         print(json.dumps(out, indent=2))
     else:
         print(format_report(result, rec))
         if eng is not None:
             print(format_engine(eng))
-        if args.profile_out is not None:
-            print(f"I/O profile written to {args.profile_out}")
+        if profile_out is not None:
+            print(f"I/O profile written to {profile_out}")
     return 0

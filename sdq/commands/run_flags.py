@@ -65,7 +65,11 @@ RUN_FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     ),
     "io_profile": (
         ("--io-profile",),
-        {"help": "I/O settings recommended by `sdq probe --profile-out` (explicit flags win)"},
+        {
+            "help": "I/O settings saved by `sdq probe --profile-out` (explicit flags win); "
+            "default: the saved profile of the model file's device, when there is one and no "
+            "--io-threads/--io-split/--io-mode is given; none: no profile"
+        },
     ),
     "cache_mode": (("--cache-mode",), {"choices": CACHE_MODES, "default": "pagecache"}),
     "cache_policy": (

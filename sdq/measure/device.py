@@ -2,7 +2,8 @@
 
 `describe_storage(path)` maps the file's st_dev (major:minor) to its mount in
 /proc/self/mountinfo and to its disk in /sys/dev/block, e.g. ext4 on /dev/vda (virtio_blk).
-Anything the kernel does not expose is None, never guessed.
+Anything the kernel does not expose is None, never guessed. `device_id` is the name saved I/O
+profiles are filed under (sdq.paging.io_profile).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sdq.paging.io_profile import device_id, disk_of
 from sdq.units import GIB
 
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -31,6 +33,7 @@ class StorageInfo:
     rotational: bool | None
     scheduler: str | None
     disk_bytes: int | None
+    device_id: str = ""  # sdq.paging.io_profile.device_id: where its I/O profile is filed
 
     @property
     def file_vs_ram(self) -> float:
@@ -82,15 +85,6 @@ def _mount_of(major: int, minor: int, path: Path) -> tuple[str, str, str] | None
     return best
 
 
-def _disk_of(major: int, minor: int) -> Path | None:
-    """/sys/block/<disk> for a block device or one of its partitions."""
-    node = SYS_DEV_BLOCK / f"{major}:{minor}"
-    if not node.exists():
-        return None
-    real = node.resolve()
-    return real.parent if (real / "partition").exists() else real
-
-
 def _model_of(disk: Path) -> str | None:
     model = _read(disk / "device" / "model")
     if model:
@@ -112,7 +106,7 @@ def describe_storage(path: str | os.PathLike) -> StorageInfo:
     st = os.stat(path)
     major, minor = os.major(st.st_dev), os.minor(st.st_dev)
     mount = _mount_of(major, minor, path)
-    disk = _disk_of(major, minor)
+    disk = disk_of(major, minor, SYS_DEV_BLOCK)
     rotational = scheduler = disk_bytes = None
     if disk is not None:
         rot = _read(disk / "queue" / "rotational")
@@ -135,4 +129,5 @@ def describe_storage(path: str | os.PathLike) -> StorageInfo:
         rotational=rotational,
         scheduler=scheduler,
         disk_bytes=disk_bytes,
+        device_id=device_id(path, SYS_DEV_BLOCK),
     )

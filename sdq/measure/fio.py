@@ -10,21 +10,38 @@ all (`number_ios` = reads / threads per job). Cache modes:
             "DONTNEED after each read"; with distinct random offsets no range is read twice
             within a job, and the labels say so.
 
-fio reports the run's wall time in whole milliseconds and latency percentiles from bins
-(about 1-2% resolution); its bandwidth is total bytes / that wall time.
+Fair to fio:
+- buffers: the pager reads into an arena on 2 MiB (transparent huge) pages; fio's default
+  buffers are 4 KiB pages, and on a virtual disk the page size of the destination can change the
+  bandwidth severalfold (notebook 01 measures both). So fio reads into huge pages
+  (`--iomem=shmhuge`) after `huge_page_buffers` reserved enough of them (vm.nr_hugepages, restored
+  afterwards); where that is refused (not root, no hugetlb, fragmented memory) fio falls back to
+  4 KiB pages and every result says which page size its buffers had (`FioStats.page_bytes`);
+- run length: fio reports a run's wall time in whole milliseconds and computes its bandwidth as
+  total bytes / that time, so a run of a few milliseconds is off by tens of percent. With
+  `runtime_s` fio reads for that long (`--time_based --runtime`), e.g. 500 ms: the rounding is
+  then at most 0.2 %. Without it fio reads the same count as sdq (`number_ios`).
+fio's latency percentiles come from bins (about 1-2 % resolution).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sdq.errors import ReadError
-from sdq.units import MB
+from sdq.units import KIB, MB, MIB
+
+PAGE = 4096
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+MEMINFO = Path("/proc/meminfo")
+DEFAULT_RUNTIME_S = 0.5  # fio's whole-ms wall time is then within 0.2 % of the true one
 
 
 def fio_binary() -> str | None:
@@ -40,6 +57,18 @@ def fio_version() -> str | None:
 
 
 @dataclass(frozen=True)
+class FioMemory:
+    """Where fio's read buffers live: fio's `--iomem` and the buffers' page size in bytes."""
+
+    iomem: str  # "shmhuge" (hugetlb shared memory) or "malloc" (fio's default)
+    page_bytes: int
+    note: str  # how the buffers were obtained, or why they are not on huge pages
+
+
+SMALL_PAGES = FioMemory("malloc", PAGE, "fio's default buffers, on 4 KiB pages")
+
+
+@dataclass(frozen=True)
 class FioStats:
     threads: int
     size: int
@@ -51,6 +80,77 @@ class FioStats:
     iops: float
     cache_mode: str
     command: str
+    page_bytes: int = PAGE  # page size of fio's buffers in this run
+    runtime_ms: int = 0  # fio's wall time of the run (whole ms)
+
+
+def _meminfo(key: str) -> int | None:
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name == key:
+                return int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def huge_page_bytes() -> int:
+    """The kernel's default huge page size (Hugepagesize in /proc/meminfo), else 2 MiB."""
+    kib = _meminfo("Hugepagesize")
+    return kib * KIB if kib else 2 * MIB
+
+
+def huge_pages_for(max_read: int, jobs: int, page: int | None = None) -> int:
+    """Huge pages fio's shmhuge buffers need for `jobs` jobs reading up to `max_read` bytes.
+
+    Each job's buffer is one read plus a page of alignment, rounded up to whole huge pages,
+    and fio 3.x takes one huge page more per job (measured: 2 pages per job for 0.86 MB and
+    1.9 MB reads, 3 for 2 MiB).
+    """
+    page = page or huge_page_bytes()
+    return jobs * (-(-(max_read + PAGE) // page) + 1)
+
+
+@contextlib.contextmanager
+def huge_page_buffers(pages: int) -> Iterator[FioMemory]:
+    """Reserve `pages` more huge pages (vm.nr_hugepages) for fio's `--iomem=shmhuge` buffers
+    while the block runs; the previous count is written back when it exits.
+
+    Yields `SMALL_PAGES`, its note saying why, when they cannot be had: not root, no hugetlb
+    support, or too little contiguous free memory for the kernel to make them.
+    """
+    try:
+        before = int(NR_HUGEPAGES.read_text())
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        yield replace(SMALL_PAGES, note=f"4 KiB pages: no huge pages here ({why})")
+        return
+    try:
+        NR_HUGEPAGES.write_text(str(before + pages))
+    except OSError as exc:
+        yield replace(
+            SMALL_PAGES, note=f"4 KiB pages: vm.nr_hugepages could not be raised ({exc.strerror})"
+        )
+        return
+    try:
+        total = _meminfo("HugePages_Total") or 0
+        size = huge_page_bytes()
+        if total < before + pages:
+            note = (
+                f"4 KiB pages: the kernel made only {total - before} of the {pages} huge pages "
+                "asked for"
+            )
+            yield replace(SMALL_PAGES, note=note)
+        else:
+            note = (
+                f"{size // MIB} MiB huge pages (--iomem=shmhuge; vm.nr_hugepages {before} -> "
+                f"{before + pages} during the runs, then {before} again)"
+            )
+            yield FioMemory("shmhuge", size, note)
+    finally:
+        with contextlib.suppress(OSError):
+            NR_HUGEPAGES.write_text(str(before))
 
 
 def bssplit(sizes) -> str:
@@ -71,13 +171,25 @@ def bssplit(sizes) -> str:
 
 
 def fio_command(
-    path: Path, *, size: int, threads: int, reads: int, cache_mode: str, split: str = ""
+    path: Path,
+    *,
+    size: int,
+    threads: int,
+    reads: int,
+    cache_mode: str,
+    split: str = "",
+    runtime_s: float | None = None,
+    iomem: str = "malloc",
 ) -> list[str]:
     """fio's command for the probe's pattern; `split` (a bssplit) replaces the one size `size`
-    by a mix of sizes, each read at a 4 KiB-aligned offset."""
+    by a mix of sizes, each read at a 4 KiB-aligned offset. With `runtime_s`, fio reads for that
+    long instead of `reads` reads; `iomem` is fio's --iomem (buffer memory)."""
     exe = fio_binary() or "fio"
-    per_job = max(1, math.ceil(reads / threads))
     sizes = [f"--bssplit={split}", "--blockalign=4096"] if split else [f"--bs={size}"]
+    if runtime_s:
+        amount = ["--time_based", f"--runtime={max(1, round(runtime_s * 1000))}ms"]
+    else:
+        amount = [f"--number_ios={max(1, math.ceil(reads / threads))}"]
     cmd = [
         exe,
         "--name=sdq-probe",
@@ -88,7 +200,7 @@ def fio_command(
         "--ioengine=psync",
         "--thread",
         f"--numjobs={threads}",
-        f"--number_ios={per_job}",
+        *amount,
         "--group_reporting",
         "--output-format=json",
         "--lat_percentiles=1",
@@ -96,6 +208,8 @@ def fio_command(
         "--randrepeat=0",  # fresh offsets per job (a fixed seed could repeat them across jobs)
         "--invalidate=1",
     ]
+    if iomem != "malloc":
+        cmd.append(f"--iomem={iomem}")
     if cache_mode == "direct":
         cmd.append("--direct=1")
     elif cache_mode == "dontneed":
@@ -105,7 +219,9 @@ def fio_command(
     return cmd
 
 
-def parse_fio_json(text: str, *, threads: int, size: int, cache_mode: str, command: str):
+def parse_fio_json(
+    text: str, *, threads: int, size: int, cache_mode: str, command: str, page_bytes: int = PAGE
+):
     """FioStats from fio's --output-format=json (text before the first '{' is skipped)."""
     start = text.find("{")
     if start < 0:
@@ -135,6 +251,8 @@ def parse_fio_json(text: str, *, threads: int, size: int, cache_mode: str, comma
         iops=float(rd["iops"]),
         cache_mode=cache_mode,
         command=command,
+        page_bytes=page_bytes,
+        runtime_ms=int(rd.get("runtime", 0)),
     )
 
 
@@ -146,18 +264,25 @@ def run_fio(
     reads: int,
     cache_mode: str,
     split: str = "",
+    runtime_s: float | None = None,
+    memory: FioMemory = SMALL_PAGES,
     timeout: float = 600,
 ) -> FioStats:
-    """fio's figures for one cell; with `split`, `size` is only the label (e.g. the mean)."""
+    """fio's figures for one cell; with `split`, `size` is only the label (e.g. the mean).
+
+    With huge-page `memory`, a run whose buffers fio cannot get (another process took the
+    reserved pages) is run again on 4 KiB pages, and its `page_bytes` says so.
+    """
     if fio_binary() is None:
         raise ReadError("fio is not installed")
-    cmd = fio_command(
-        path, size=size, threads=threads, reads=reads, cache_mode=cache_mode, split=split
-    )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
+    for mem in (memory, SMALL_PAGES) if memory.iomem != "malloc" else (memory,):
+        cmd = fio_command(path, size=size, threads=threads, reads=reads, cache_mode=cache_mode,
+                          split=split, runtime_s=runtime_s, iomem=mem.iomem)  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode == 0:
+            break
+    if proc.returncode != 0:  # the last attempt's failure
         raise ReadError(f"fio exited with {proc.returncode}: {proc.stderr.strip()[:300]}")
     shown = " ".join(c if c != cmd[0] else "fio" for c in cmd)
-    return parse_fio_json(
-        proc.stdout, threads=threads, size=size, cache_mode=cache_mode, command=shown
-    )
+    return parse_fio_json(proc.stdout, threads=threads, size=size, cache_mode=cache_mode,
+                          command=shown, page_bytes=mem.page_bytes)  # fmt: skip

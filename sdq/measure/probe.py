@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import math
 import os
 import shutil
@@ -44,9 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from sdq.errors import ParamsError, ReadError
+from sdq.measure.fio import DEFAULT_RUNTIME_S
 from sdq.paging.io_profile import IOProfile
 from sdq.paging.reads import COLD_CACHE_MODES
-from sdq.units import GIB, MB, MIB
+from sdq.units import GIB, KIB, MB, MIB
 
 PAGE = 4096
 # seed 000's "1.9 MB": one expert, gate 589,824 + up 589,824 + down 720,896 bytes
@@ -104,6 +106,10 @@ class ReadStats:
     split: int = 1
     batch: int = 0  # segments submitted together (split cells); 0 = all reads at once
     cached: float = 0.0  # share of pages already in the page cache before reading (should be 0)
+    # per repeat, in run order: what paired comparisons (sdq.lab.verdict) are made from
+    mb_s_runs: tuple[float, ...] = ()
+    median_ms_runs: tuple[float, ...] = ()
+    iops_runs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,9 @@ def summarize(runs: Sequence[Timing], *, threads: int, size: int, split: int = 1
         split=split,
         batch=batch,
         cached=mean([r.cached for r in runs]),
+        mb_s_runs=tuple(mb_s),
+        median_ms_runs=tuple(percentile(r.latency_ns / 1e6, 50) for r in runs),
+        iops_runs=tuple(iops),
     )
 
 
@@ -161,6 +170,7 @@ class ProbeSettings:
     scratch_bytes: int = DEFAULT_SCRATCH_BYTES
     seed: int = 0
     fio: bool = False  # also run each level cell with fio (when installed), interleaved
+    fio_seconds: float = DEFAULT_RUNTIME_S  # each fio run reads this long; 0: `reads` reads
 
     def validate(self) -> None:
         def positive(name, value):
@@ -179,6 +189,8 @@ class ProbeSettings:
         positive("--reads", self.reads)
         positive("--repeat", self.repeat)
         positive("--split-batch", self.split_batch)
+        if not isinstance(self.fio_seconds, int | float) or not 0 <= self.fio_seconds <= 600:
+            raise ParamsError(f"--fio-seconds must be in 0..600, got {self.fio_seconds!r}")
         if self.split_threads is not None:
             positive("--split-threads", self.split_threads)
         if self.small_reads is not None:
@@ -333,6 +345,22 @@ def _cached_share(fd: int, offsets: np.ndarray, length: int) -> float:
 
 
 HUGE_PAGE = 2 * MIB
+
+
+def huge_share(arena) -> float:
+    """Share of the mapping that holds `arena` backed by transparent huge pages (smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split(" ", 1)[0].split("-")
+        if len(head) != 2 or not all(c in "0123456789abcdef" for c in "".join(head)):
+            continue
+        lo, hi = int(head[0], 16), int(head[1], 16)
+        if lo <= arena.base < hi:
+            for entry in lines[i + 1 :]:
+                if entry.startswith("AnonHugePages:"):
+                    return int(entry.split()[1]) * KIB / (hi - lo)
+            break
+    return 0.0
 
 
 def inner_arena(n_slots: int, slot_bytes: int):
@@ -501,6 +529,68 @@ def _split_cell(
     return runs
 
 
+# ---------------------------------------------------------------------------- re-reads
+
+
+@dataclass(frozen=True)
+class Reread:
+    """The same 4 KiB blocks read twice with O_DIRECT, one read in flight (`reread_latency`)."""
+
+    path: str
+    reads: int
+    file_age_s: float  # seconds since the file was last written (mtime)
+    first_median_ms: float
+    first_p90_ms: float
+    first_mean_ms: float
+    second_median_ms: float
+    second_p90_ms: float
+    second_mean_ms: float
+
+    @property
+    def mean_ratio(self) -> float:
+        """Mean latency of the first reads / of the second reads of the same blocks."""
+        return self.first_mean_ms / self.second_mean_ms
+
+
+def reread_latency(path: str | os.PathLike, reads: int = 256, seed: int = 0) -> Reread:
+    """`reads` 4 KiB O_DIRECT reads at distinct random offsets of `path`, one in flight, then
+    the same blocks again in the same order, through the pager's pool.
+
+    O_DIRECT bypasses this machine's page cache, so second reads faster than the first mean a
+    cache below it: the host's, when the disk is virtual, or the drive's own. Blocks read
+    or written shortly before are fast both times if such a cache holds them already.
+    """
+    path = Path(path)
+    st = path.stat()
+    fd = _open_for(path, "direct")
+    try:
+        reader = PoolReader(fd, 1, PAGE, "direct")
+        try:
+            rng = np.random.default_rng(seed)
+            offsets = _random_offsets(rng, st.st_size, PAGE, reads)  # [N]
+            lengths = np.full(reads, PAGE, np.int64)  # [N]
+            passes = []
+            for _ in range(2):
+                _, start, end = reader.read_batch(offsets, lengths)
+                passes.append((end - start).astype(np.float64) / 1e6)  # [N] ms
+        finally:
+            reader.close()
+    finally:
+        os.close(fd)
+    (a, b) = passes
+    return Reread(
+        path=str(path),
+        reads=reads,
+        file_age_s=time.time() - st.st_mtime,
+        first_median_ms=percentile(a, 50),
+        first_p90_ms=percentile(a, 90),
+        first_mean_ms=mean(a),
+        second_median_ms=percentile(b, 50),
+        second_p90_ms=percentile(b, 90),
+        second_mean_ms=mean(b),
+    )
+
+
 # ---------------------------------------------------------------------------- the probe
 
 
@@ -518,6 +608,8 @@ class ProbeResult:
     split_threads: int = 0
     fio: list[dict] = field(default_factory=list)  # fio on the same level cells (fio_summary)
     fio_note: str = ""  # fio's version, or why there is no fio column
+    fio_memory: str = ""  # fio's buffers: huge pages reserved, or why 4 KiB pages
+    arena_huge_share: float = 0.0  # share of the reader's arena on transparent huge pages
     seconds: float = 0.0
     # 1-minute load average before and after, and the CPUs: how busy the machine was
     load: tuple[float, float] = (0.0, 0.0)
@@ -529,9 +621,9 @@ class ProbeResult:
             f"over {self.seconds:.0f} s"
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self, engine=None) -> dict:
         d = asdict(self)
-        d["recommendation"] = asdict(recommend(self))
+        d["recommendation"] = asdict(recommend(self, engine))
         return d
 
 
@@ -541,50 +633,81 @@ class Recommendation:
     io_split: int
     best_mb_s: float
     chosen_mb_s: float
-    split_gain: float  # bandwidth of the chosen split / split 1, at the engine's batch
+    split_gain: float  # bandwidth of the chosen split / split 1
     why: str
+    basis: str = "levels"  # what the threads come from: "engine" (T1_engine) or "levels" (T1)
 
 
-def recommend(result: ProbeResult, within: float = WITHIN) -> Recommendation:
-    """Smallest thread count as fast as the best one; the split that clearly helps.
+BASIS = {
+    "engine": "the pager's own expert reads (K experts x 3 segments of a layer in flight)",
+    "levels": "equal-sized reads, all in flight at once",
+}
 
-    "As fast": a median bandwidth within `within` of the best level's median, or at least the
-    best level's slowest repeat (the best is then not distinguishable from it on this noisy
-    device). "Clearly helps": a median more than `within` above split 1's at the engine's
-    batch, with even the slowest repeat above split 1's median.
+
+def pick_threads(cells, within: float = WITHIN):
+    """(chosen, best) of (threads, median MB/s) pairs: the fewest threads whose median is
+    within `within` of the best median, and the best."""
+    cells = list(cells)
+    if not cells:
+        raise ValueError("no thread counts measured")
+    top = max(cells, key=lambda c: c[1])
+    chosen = min((c for c in cells if c[1] >= (1 - within) * top[1]), key=lambda c: c[0])
+    return chosen, top
+
+
+def pick_split(cells, within: float = WITHIN):
+    """(split, gain) from (split, median MB/s, slowest run's MB/s) triples measured alike: the
+    fastest split > 1 whose median beats split 1's by more than `within` and whose slowest run
+    beats split 1's median (one lucky run is not enough); else (1, 1.0). Also (1, 1.0) when
+    split 1 was not measured."""
+    cells = list(cells)
+    base = next((c for c in cells if c[0] == 1), None)
+    if base is None:
+        return 1, 1.0
+    helps = [c for c in cells if c[0] > 1 and c[1] > (1 + within) * base[1] and c[2] > base[1]]
+    if not helps:
+        return 1, 1.0
+    win = max(helps, key=lambda c: c[1])
+    return win[0], win[1] / base[1]
+
+
+def recommend(result: ProbeResult | None = None, engine=None, within: float = WITHIN):
+    """The I/O threads and split to run the pager with, from the probe's measurements.
+
+    Threads: the fewest whose median bandwidth is within `within` of the best median — on the
+    pager's own expert reads (`engine`, an sdq.measure.probe_engine.EngineResult) when they
+    were measured, else on the level sweep of `result`. Split: by `pick_split`, from the
+    engine's split sweep when measured, else from `result`'s chunking cells at the engine's
+    batch (the largest measured).
     """
-    if not result.levels:
-        raise ValueError("no levels measured")
-    top = max(result.levels, key=lambda s: s.mb_s)
-    floor = min((1 - within) * top.mb_s, top.mb_s_min)
-    chosen = min((s for s in result.levels if s.mb_s >= floor), key=lambda s: s.threads)
-    n = chosen.threads
-    why = f"{n} thread{'s' if n != 1 else ''} reach{'es' if n == 1 else ''} {chosen.mb_s:.0f} MB/s"
-    if chosen is not top:
-        why += (
-            f", within {within:.0%} or the run-to-run spread of the best "
-            f"({top.mb_s:.0f} MB/s at {top.threads} threads, slowest run {top.mb_s_min:.0f})"
-        )
+    eng_cells = list(getattr(engine, "cells", None) or [])
+    if eng_cells:
+        basis, cells = "engine", [(c.threads, c.arena_mb_s) for c in eng_cells]
+    elif result is not None and result.levels:
+        basis, cells = "levels", [(c.threads, c.mb_s) for c in result.levels]
     else:
-        why += ", the best level"
-    best = top.mb_s
-    io_split, gain = 1, 1.0
-    engine = [s for s in result.split if s.batch == max(c.batch for c in result.split)]
-    base = next((s for s in engine if s.split == 1), None)
-    if base is not None:
-        # one lucky repeat on a noisy device is not enough: the slowest must beat split 1 too
-        helps = [
-            s
-            for s in engine
-            if s.split > 1 and s.mb_s > (1 + within) * base.mb_s and s.mb_s_min > base.mb_s
-        ]
-        if helps:
-            win = max(helps, key=lambda s: s.mb_s)
-            io_split, gain = win.split, win.mb_s / base.mb_s
-            why += f"; split {win.split} gives {gain:.2f}x split 1 at batch {win.batch}"
-        else:
-            why += f"; no split beats split 1 by more than {within:.0%} at batch {base.batch}"
-    return Recommendation(chosen.threads, io_split, best, chosen.mb_s, gain, why)
+        raise ValueError("no levels measured")
+    (n, mb_s), (top_n, top_mb_s) = pick_threads(cells, within)
+    why = f"{n} thread{'s' if n != 1 else ''}: {mb_s:.0f} MB/s on {BASIS[basis]}"
+    if n == top_n:
+        why += ", the best median"
+    else:
+        why += f", within {within:.0%} of the best median ({top_mb_s:.0f} MB/s at {top_n})"
+    eng_split = list(getattr(engine, "splits", None) or [])
+    if eng_split:
+        io_split, gain = pick_split([(c.split, c.mb_s, c.mb_s_min) for c in eng_split], within)
+        where = f"the pager's split reads at {eng_split[0].threads} threads"
+    else:
+        split = list(result.split) if result is not None else []
+        batch = max((c.batch for c in split), default=0)
+        engine_batch = [c for c in split if c.batch == batch]
+        io_split, gain = pick_split([(c.split, c.mb_s, c.mb_s_min) for c in engine_batch], within)
+        where = f"chunked reads, batch {batch}"
+    if io_split > 1:
+        why += f"; split {io_split} gives {gain:.2f}x split 1 ({where})"
+    elif eng_split or (result is not None and result.split):
+        why += f"; no split beats split 1 by more than {within:.0%} ({where})"
+    return Recommendation(n, io_split, top_mb_s, mb_s, gain, why, basis)
 
 
 def _engine_shape(model_path: Path) -> tuple[int, int]:
@@ -622,6 +745,7 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
     """All cells through one PoolReader, repeats outermost."""
     top = max((*settings.threads, *settings.small_threads, settings.split_threads or 1))
     reader = PoolReader(fd, top, _read_len(settings.size, settings.cache_mode), settings.cache_mode)
+    result.arena_huge_share = huge_share(reader.arena)
     try:
         _sweep_cells(result, settings, path, reader, file_bytes, rng, say)
     finally:
@@ -630,37 +754,49 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
 
 def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
     """All cells, repeats outermost: run r of every cell before run r + 1 of any, so slow
-    phases of a shared machine spread over all cells instead of biasing one. fio (when asked)
-    runs next to sdq's run of the same cell: after it on even runs, before it on odd ones."""
+    phases of a shared machine spread over all cells instead of biasing one; the cells run in
+    one order on even runs and in the reverse order on odd ones, so any two cells alternate
+    (what the paired comparisons of sdq.lab.verdict need). fio (when asked) runs next to sdq's
+    run of the same cell: after it on even runs, before it on odd ones, for `fio_seconds` each,
+    into huge-page buffers where they can be reserved (sdq.measure.fio)."""
     mode, size, reads, repeat = settings.cache_mode, settings.size, settings.reads, settings.repeat
     small_reads = settings.small_reads or 4 * reads
-    fio = None
+    fio, buffers = None, contextlib.nullcontext(None)
     if settings.fio:
-        from sdq.measure.fio import fio_binary, fio_version, run_fio
+        from sdq.measure import fio as fio_mod
 
-        if fio_binary() is None:
+        if fio_mod.fio_binary() is None:
             result.fio_note = "fio is not installed"
         else:
-            fio, result.fio_note = run_fio, fio_version() or "fio"
+            fio, result.fio_note = fio_mod.run_fio, fio_mod.fio_version() or "fio"
+            pages = fio_mod.huge_pages_for(_read_len(size, mode), max(settings.threads))
+            buffers = fio_mod.huge_page_buffers(pages)
     levels = {t: [] for t in settings.threads}
     small = {t: [] for t in settings.small_threads}
     fio_runs = {t: [] for t in settings.threads}
-    for r in range(repeat):
-        for t in settings.threads:
-            n = level_reads(reads, t)
-            say(f"run {r + 1}/{repeat}: {size} B x {n} reads at {t} threads")
-            if fio is not None and r % 2:  # every other run fio goes first: no order bias
-                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=n,
-                                       cache_mode=mode))  # fmt: skip
-            levels[t] += _level(reader, file_bytes, size=size, threads=t, reads=n,
-                                cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
-            if fio is not None and not r % 2:
-                fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=n,
-                                       cache_mode=mode))  # fmt: skip
-        for t in settings.small_threads:
-            say(f"run {r + 1}/{repeat}: 4 KiB x {small_reads} reads at {t} threads")
-            small[t] += _level(reader, file_bytes, size=SMALL_SIZE, threads=t,
-                               reads=small_reads, cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
+    with buffers as memory:
+        result.fio_memory = memory.note if memory is not None else ""
+
+        def fio_cell(t, n):
+            fio_runs[t].append(fio(path, size=_read_len(size, mode), threads=t, reads=n,
+                                   cache_mode=mode, runtime_s=settings.fio_seconds or None,
+                                   memory=memory))  # fmt: skip
+
+        for r in range(repeat):
+            for t in _in_turn(settings.threads, r):
+                n = level_reads(reads, t)
+                say(f"run {r + 1}/{repeat}: {size} B x {n} reads at {t} threads")
+                if fio is not None and r % 2:  # every other run fio goes first: no order bias
+                    fio_cell(t, n)
+                levels[t] += _level(reader, file_bytes, size=size, threads=t, reads=n,
+                                    cache_mode=mode, rng=rng, repeat=1)  # fmt: skip
+                if fio is not None and not r % 2:
+                    fio_cell(t, n)
+            for t in _in_turn(settings.small_threads, r):
+                say(f"run {r + 1}/{repeat}: 4 KiB x {small_reads} reads at {t} threads")
+                small[t] += _level(reader, file_bytes, size=SMALL_SIZE, threads=t,
+                                   reads=small_reads, cache_mode=mode, rng=rng,
+                                   repeat=1)  # fmt: skip
     result.levels = [summarize(runs, threads=t, size=size) for t, runs in levels.items()]
     result.small = [summarize(runs, threads=t, size=SMALL_SIZE) for t, runs in small.items()]
     if fio is not None:
@@ -674,7 +810,7 @@ def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
     cells = [(b, s) for b in sorted({1, settings.split_batch}) for s in settings.splits]
     split_runs = {c: [] for c in cells}
     for r in range(repeat):
-        for batch, s in cells:
+        for batch, s in _in_turn(cells, r):
             say(f"run {r + 1}/{repeat}: split {s}, batch {batch} segments, {threads} threads")
             split_runs[batch, s] += _split_cell(reader, file_bytes, size=size, split=s,
                                                 threads=threads, batch=batch, reads=reads,
@@ -683,6 +819,12 @@ def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
         summarize(runs, threads=threads, size=size, split=s, batch=b)
         for (b, s), runs in split_runs.items()
     ]
+
+
+def _in_turn(cells, run: int) -> list:
+    """The cells in their order on even runs, reversed on odd ones."""
+    cells = list(cells)
+    return cells if run % 2 == 0 else cells[::-1]
 
 
 def fio_summary(runs, sdq: ReadStats | None = None) -> dict:
@@ -695,6 +837,8 @@ def fio_summary(runs, sdq: ReadStats | None = None) -> dict:
         threads=runs[0].threads, size=runs[0].size, reads=sum(r.reads for r in runs), **med,
         mb_s_min=min(r.mb_s for r in runs), mb_s_max=max(r.mb_s for r in runs),
         cache_mode=runs[0].cache_mode, command=runs[-1].command, sdq_over_fio=ratio,
+        page_bytes=sorted({r.page_bytes for r in runs}),  # fio's buffer pages, all runs
+        runtime_ms=percentile([r.runtime_ms for r in runs], 50),
     )  # fmt: skip
 
 
@@ -766,21 +910,27 @@ def _settings_dict(settings: ProbeSettings) -> dict:
 # ---------------------------------------------------------------------------- I/O profile
 
 
-def profile_from(result: ProbeResult) -> IOProfile:
-    rec = recommend(result)
+def profile_from(result: ProbeResult, engine=None) -> IOProfile:
+    """The I/O profile of a probe (`recommend(result, engine)` and the evidence behind it)."""
+    rec = recommend(result, engine)
+    measured = {
+        "size": result.settings["size"],
+        "basis": rec.basis,
+        "best_mb_s": rec.best_mb_s,
+        "chosen_mb_s": rec.chosen_mb_s,
+        "split_gain": rec.split_gain,
+        "split_threads": result.split_threads,
+        "why": rec.why,
+        "levels": [asdict(s) for s in result.levels],
+        "split": [asdict(s) for s in result.split],
+    }
+    if engine is not None:
+        measured["engine"] = [asdict(c) for c in engine.cells]
+        measured["engine_split"] = [asdict(c) for c in getattr(engine, "splits", [])]
     return IOProfile(
         io_threads=rec.io_threads,
         io_split=rec.io_split,
         cache_mode=result.cache_mode,
         device=dict(result.storage, label=result.storage_label),
-        measured={
-            "size": result.settings["size"],
-            "best_mb_s": rec.best_mb_s,
-            "chosen_mb_s": rec.chosen_mb_s,
-            "split_gain": rec.split_gain,
-            "split_threads": result.split_threads,
-            "why": rec.why,
-            "levels": [asdict(s) for s in result.levels],
-            "split": [asdict(s) for s in result.split],
-        },
+        measured=json.loads(json.dumps(measured)),  # as saved: tuples are lists
     )

@@ -20,10 +20,17 @@ Beside it, per run:
   discarded). Same reads, same pool, same code; only the destination memory differs — a layer
   spread over K slots against one slot reused, as fio reuses one buffer per job;
 - fio: the same segment sizes (a bssplit of the model's O_DIRECT read lengths in their
-  proportions), the same concurrency (numjobs = I/O threads), O_DIRECT, R * layers reads in
-  all, at random 4 KiB-aligned offsets of the same file.
-Runs are interleaved: run r of all four at one thread count, in alternating order, then the
-next thread count, then run r + 1. Medians over runs.
+  proportions), the same concurrency (numjobs = I/O threads), O_DIRECT, at random 4 KiB-aligned
+  offsets of the same file, for `fio_seconds` (else R * layers reads), into buffers on huge
+  pages like the arena's where they can be reserved (sdq.measure.fio); with `fio_small_pages`
+  also into fio's default 4 KiB-page buffers.
+Runs are interleaved: run r of all of them at one thread count, in alternating order, then the
+next thread count (in the reverse order on odd runs), then run r + 1. Medians over runs.
+
+Then the split sweep (`splits`): the same engine reads in the pager's mode split (each segment
+cut into S page-aligned chunks, one task per chunk; split 1 = mode parallel) at `split_threads`
+(default: the thread count `sdq.measure.probe.pick_threads` takes from the cells above), S in
+alternating order, run after run.
 """
 
 from __future__ import annotations
@@ -33,14 +40,15 @@ import mmap
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from sdq.errors import ParamsError
-from sdq.units import KIB, MB
+from sdq.measure.probe import huge_share, inner_arena, pick_threads
+from sdq.units import MB
 
 PAGE = 4096
+DEFAULT_SPLITS = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,10 @@ class EngineCell:
     small_pages_read_ms: float
     one_slot_read_ms: float
     fio_read_ms: float  # fio's median completion latency (from its bins); nan without fio
+    fio_small_pages_mb_s: float = float("nan")  # fio into 4 KiB-page buffers; nan if not run
+    fio_page_bytes: tuple[int, ...] = ()  # page sizes of fio's buffers over the runs
+    arena_mb_s_runs: tuple[float, ...] = ()  # per run, in run order
+    fio_mb_s_runs: tuple[float, ...] = ()
 
     @property
     def arena_over_fio(self) -> float:
@@ -67,6 +79,20 @@ class EngineCell:
     @property
     def one_slot_over_fio(self) -> float:
         return self.one_slot_mb_s / self.fio_mb_s if self.fio_mb_s > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class EngineSplitCell:
+    """The engine's reads in mode split S at one thread count: medians over runs."""
+
+    split: int
+    threads: int
+    runs: int
+    mb_s: float
+    mb_s_min: float
+    mb_s_max: float
+    read_ms: float  # median duration of one chunk read
+    mb_s_runs: tuple[float, ...] = ()
 
 
 @dataclass
@@ -79,8 +105,11 @@ class EngineResult:
     bssplit: str  # the O_DIRECT read lengths and their shares, as fio's --bssplit
     fio_note: str  # fio's version and an example command, or why there is no fio column
     cells: list[EngineCell] = field(default_factory=list)
+    splits: list[EngineSplitCell] = field(default_factory=list)
     huge_share: float = 0.0  # share of the arena's mapping backed by huge pages (smaps)
     small_pages_huge_share: float = 0.0  # the same for the 4 KiB-page arena (expected 0)
+    fio_memory: str = ""  # fio's buffers: huge pages reserved, or why 4 KiB pages
+    fio_seconds: float = 0.0  # each fio run's length; 0: R * layers reads
     load: tuple[float, float] = (0.0, 0.0)
     cpus: int = 0
     seconds: float = 0.0
@@ -90,22 +119,6 @@ class EngineResult:
             f"1-min load average {self.load[0]:.1f} -> {self.load[1]:.1f} on {self.cpus} CPUs "
             f"over {self.seconds:.0f} s"
         )
-
-
-def huge_share(arena) -> float:
-    """Share of the mapping that holds `arena` backed by transparent huge pages (smaps)."""
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        head = line.split(" ", 1)[0].split("-")
-        if len(head) != 2 or not all(c in "0123456789abcdef" for c in "".join(head)):
-            continue
-        lo, hi = int(head[0], 16), int(head[1], 16)
-        if lo <= arena.base < hi:
-            for entry in lines[i + 1 :]:
-                if entry.startswith("AnonHugePages:"):
-                    return int(entry.split()[1]) * KIB / (hi - lo)
-            break
-    return 0.0
 
 
 def _direct_spans(table) -> np.ndarray:
@@ -123,12 +136,15 @@ def engine_vs_fio(
     repeat: int = 3,
     seed: int = 0,
     fio: bool = True,
+    fio_seconds: float = 0.0,
+    fio_small_pages: bool = False,
+    splits=DEFAULT_SPLITS,
+    split_threads: int | None = None,
     progress=None,
 ) -> EngineResult:
-    """Measure the three reads above at each thread count (see the module docstring)."""
+    """Measure the reads above at each thread count, then the split sweep (module docstring)."""
     from sdq.format.model import open_model
-    from sdq.measure.fio import bssplit, fio_binary, fio_command, fio_version, run_fio
-    from sdq.measure.probe import inner_arena
+    from sdq.measure import fio as fio_mod
     from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout
 
     if layers < 1 or repeat < 1 or not threads or min(threads) < 1:
@@ -136,13 +152,19 @@ def engine_vs_fio(
             f"engine probe needs layers, repeat and thread counts >= 1, got layers={layers}, "
             f"repeat={repeat}, threads={tuple(threads)}"
         )
+    if any(not 1 <= s <= 8 for s in splits) or (split_threads is not None and split_threads < 1):
+        raise ParamsError(
+            f"engine split sweep: splits must be in 1..8 and split threads >= 1, got "
+            f"splits={tuple(splits)}, split_threads={split_threads}"
+        )
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     model = open_model(model_path)
     table = model.require_experts()
     k = int(model.spec.n_expert_used)
-    split = bssplit(_direct_spans(table).ravel())
-    use_fio = fio and fio_binary() is not None
+    spans = _direct_spans(table)  # [L, E, P]
+    split = fio_mod.bssplit(spans.ravel())
+    use_fio = fio and fio_mod.fio_binary() is not None
     result = EngineResult(
         model=str(model.path),
         k=k,
@@ -151,12 +173,16 @@ def engine_vs_fio(
         repeat=repeat,
         bssplit=split,
         fio_note="fio is not installed" if fio and not use_fio else "",
+        fio_seconds=float(fio_seconds or 0.0),
     )
+    buffers = contextlib.nullcontext(fio_mod.SMALL_PAGES)
     if use_fio:
-        cmd = fio_command(model.path, size=0, threads=max(threads), reads=3 * k * layers,
-                          cache_mode="direct", split=split)  # fmt: skip
+        cmd = fio_mod.fio_command(model.path, size=0, threads=max(threads),
+                                  reads=3 * k * layers, cache_mode="direct", split=split,
+                                  runtime_s=fio_seconds or None)  # fmt: skip
         shown = " ".join("fio" if c == cmd[0] else c for c in cmd).replace(str(model.path), "FILE")
-        result.fio_note = f"{fio_version() or 'fio'}: {shown} (numjobs, number_ios per row)"
+        result.fio_note = f"{fio_mod.fio_version() or 'fio'}: {shown} (numjobs per row)"
+        buffers = fio_mod.huge_page_buffers(fio_mod.huge_pages_for(int(spans.max()), max(threads)))
     layout = SlotLayout.for_table(table, "direct")
     arena, first = inner_arena(k, layout.slot_bytes)  # K slots away from the mapping's ends
     small, small_first = inner_arena(k, layout.slot_bytes)
@@ -189,39 +215,83 @@ def engine_vs_fio(
         wall = time.perf_counter_ns() - start
         return nbytes / MB / (wall / 1e9), float(np.median(np.concatenate(durations))) / 1e6
 
-    samples = {t: {"arena": [], "small": [], "one": [], "fio": []} for t in threads}
+    def fio_run(t, memory):
+        st = fio_mod.run_fio(model.path, size=0, threads=t, reads=3 * k * layers,
+                             cache_mode="direct", split=split, runtime_s=fio_seconds or None,
+                             memory=memory)  # fmt: skip
+        return st.mb_s, st.median_ms, st.page_bytes
+
+    names = ("arena", "small", "one", "fio", "fio_small")
+    samples = {t: {n: [] for n in names} for t in threads}
+    split_samples = {s: [] for s in splits}
     load_before = os.getloadavg()[0]
     try:
-        for r in range(repeat):
-            for t in threads:
-                say(f"run {r + 1}/{repeat}: engine reads at {t} threads")
-                reader.set_io(IOSettings(threads=t, mode="parallel", cache_mode="direct"))
-                run(pick()[:1], spread)  # untimed: new pool threads start, nothing else
-                picked = pick()
-                steps = [
-                    ("arena", lambda p=picked: run(p, spread)),
-                    ("small", lambda p=picked: run(p, spread_small, small)),
-                    ("one", lambda p=picked: run(p, one)),
-                ]
-                if use_fio:
-                    steps.append(("fio", lambda t=t: _fio_cell(run_fio, model.path, t, k,
-                                                               layers, split)))  # fmt: skip
-                for name, step in steps if r % 2 == 0 else steps[::-1]:
-                    samples[t][name].append(step())
+        with buffers as memory:
+            result.fio_memory = memory.note if use_fio else ""
+            for r in range(repeat):
+                for t in threads if r % 2 == 0 else tuple(threads)[::-1]:
+                    say(f"run {r + 1}/{repeat}: engine reads at {t} threads")
+                    reader.set_io(IOSettings(threads=t, mode="parallel", cache_mode="direct"))
+                    run(pick()[:1], spread)  # untimed: new pool threads start, nothing else
+                    picked = pick()
+                    steps = [
+                        ("arena", lambda p=picked: run(p, spread)),
+                        ("small", lambda p=picked: run(p, spread_small, small)),
+                        ("one", lambda p=picked: run(p, one)),
+                    ]
+                    if use_fio:
+                        steps.append(("fio", lambda t=t, m=memory: fio_run(t, m)))
+                        if fio_small_pages and memory.iomem != "malloc":
+                            steps.append(("fio_small", lambda t=t: fio_run(t, fio_mod.SMALL_PAGES)))
+                    for name, step in steps if r % 2 == 0 else steps[::-1]:
+                        samples[t][name].append(step())
+        _cells(result, threads, samples)
+        n = split_threads or pick_threads([(c.threads, c.arena_mb_s) for c in result.cells])[0][0]
+        for r in range(repeat if splits else 0):
+            for s in splits if r % 2 == 0 else tuple(splits)[::-1]:
+                say(f"run {r + 1}/{repeat}: engine reads in split {s} at {n} threads")
+                mode = "split" if s > 1 else "parallel"
+                reader.set_io(IOSettings(threads=n, mode=mode, split=s, cache_mode="direct"))
+                run(pick()[:1], spread)  # untimed: the pool's threads for this setting
+                split_samples[s].append(run(pick(), spread))
+        result.splits = [
+            EngineSplitCell(
+                split=s,
+                threads=n,
+                runs=len(v),
+                mb_s=_median([x[0] for x in v]),
+                mb_s_min=min(x[0] for x in v),
+                mb_s_max=max(x[0] for x in v),
+                read_ms=_median([x[1] for x in v]),
+                mb_s_runs=tuple(x[0] for x in v),
+            )
+            for s, v in split_samples.items()
+            if v
+        ]
     finally:
         reader.close()
         arena.close()
         small.close()
-    nan = float("nan")
+    result.load, result.cpus = (load_before, os.getloadavg()[0]), os.cpu_count() or 0
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _median(values) -> float:
+    return float(np.median(values)) if len(values) else float("nan")
+
+
+def _cells(result: EngineResult, threads, samples) -> None:
+    """EngineCell per thread count from the runs' (MB/s, read ms[, page bytes]) samples."""
     for t in threads:
         s = samples[t]
+        med = {n: _median([v[0] for v in s[n]]) for n in s}
+        lat = {n: _median([v[1] for v in s[n]]) for n in s}
         arena_mb = [v[0] for v in s["arena"]]
-        med = {n: (float(np.median([v[0] for v in s[n]])) if s[n] else nan) for n in s}
-        lat = {n: (float(np.median([v[1] for v in s[n]])) if s[n] else nan) for n in s}
         result.cells.append(
             EngineCell(
                 threads=t,
-                runs=repeat,
+                runs=len(arena_mb),
                 arena_mb_s=med["arena"],
                 small_pages_mb_s=med["small"],
                 one_slot_mb_s=med["one"],
@@ -232,14 +302,9 @@ def engine_vs_fio(
                 small_pages_read_ms=lat["small"],
                 one_slot_read_ms=lat["one"],
                 fio_read_ms=lat["fio"],
+                fio_small_pages_mb_s=med["fio_small"],
+                fio_page_bytes=tuple(sorted({v[2] for v in s["fio"]})),
+                arena_mb_s_runs=tuple(arena_mb),
+                fio_mb_s_runs=tuple(v[0] for v in s["fio"]),
             )
         )
-    result.load, result.cpus = (load_before, os.getloadavg()[0]), os.cpu_count() or 0
-    result.seconds = time.perf_counter() - t0
-    return result
-
-
-def _fio_cell(run_fio, path: Path, threads: int, k: int, layers: int, split: str):
-    stats = run_fio(path, size=0, threads=threads, reads=3 * k * layers, cache_mode="direct",
-                    split=split)  # fmt: skip
-    return stats.mb_s, stats.median_ms

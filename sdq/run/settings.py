@@ -38,6 +38,7 @@ class RunSettings:
     # token uses (paged runs only)
     prefetch_next: int | None = None
     route_log: str | None = None
+    io_profile: str | None = None  # the I/O profile whose settings were applied (its path)
 
     @classmethod
     def from_args(cls, args, **overrides) -> RunSettings:
@@ -45,22 +46,51 @@ class RunSettings:
 
         A field is taken from the flag whose destination is its name, when the parser has that
         flag and it was given a value (None means not given: the field's default); the sampler
-        from `temp`, `top_k`, `top_p`, `seed` likewise. An `io_profile` (`sdq probe
+        from `temp`, `top_k`, `top_p`, `seed` likewise. An I/O profile (`sdq probe
         --profile-out`) fills `io_threads` and `io_split` where no flag gave them, and sets
         `io_mode` to split when its split is > 1 and no flag gave a mode: explicit flags win.
+        Which profile (`profile_path`): the parser's `--io-profile PATH`; `--io-profile none`:
+        none; not given: the saved profile of the model file's device, when one exists and no
+        I/O flag (`--io-threads`, `--io-split`, `--io-mode`) was given. `io_profile` records
+        the path applied.
         """
         given = {k: v for k, v in vars(args).items() if v is not None}
         kw = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
         sampler = {k: given[k] for k in SAMPLER_FIELDS if k in given}
         if sampler:
             kw["sampler"] = SamplerSettings(**sampler)
-        if given.get("io_profile"):
+        kw.pop("io_profile", None)
+        path = profile_path(args, kw)
+        if path is not None:
             from sdq.paging.io_profile import load_io_profile
 
-            profile = load_io_profile(given["io_profile"])
+            profile = load_io_profile(path)
             kw.setdefault("io_threads", profile.io_threads)
             kw.setdefault("io_split", profile.io_split)
             if "io_mode" not in kw and kw["io_split"] > 1:
                 kw["io_mode"] = "split"
+            kw["io_profile"] = str(path)
         kw.update(overrides)
         return cls(**kw)
+
+
+IO_FLAGS = ("io_threads", "io_split", "io_mode")  # any of them given: no saved profile
+
+
+def profile_path(args, given: dict) -> str | None:
+    """The I/O profile a run takes (see `RunSettings.from_args`): a path, or None.
+
+    `args` are the parsed flags; `given` the settings fields the flags gave. Only a parser that
+    declares `--io-profile` (sdq chat) takes a profile; a resident run reads no experts.
+    """
+    if not hasattr(args, "io_profile") or given.get("resident"):
+        return None
+    flag = args.io_profile
+    if flag is not None:
+        return None if str(flag).strip().lower() == "none" else str(flag)
+    if any(name in given for name in IO_FLAGS) or not given.get("model"):
+        return None
+    from sdq.paging.io_profile import find_profile
+
+    found = find_profile(given["model"])
+    return None if found is None else str(found)
