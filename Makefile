@@ -28,7 +28,9 @@ WHEELS     := $(HOME)/.cache/sdq/wheels/$(shell echo '$(LLAMA_CPP) $(GGML_ARGS)'
 
 .PHONY: setup kernel-cache test reproduce docs lab lint format clean
 
+# fio, the reference `sdq probe --fio` (notebook 01) runs beside sdq: installed when missing.
 setup: $(STAMP)
+	@command -v fio >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive && { apt-get install -y -qq fio || { apt-get update -qq && apt-get install -y -qq fio; }; } >/dev/null 2>&1; } || echo "setup: fio could not be installed (apt-get install -y fio, as root): sdq probe runs without its fio column" >&2
 
 $(STAMP): pyproject.toml $(wildcard kernels_c/*.c kernels_c/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
