@@ -81,6 +81,22 @@ def simulate_trace(
     params: PolicyParams | None = None,
 ) -> SimResult:
     """Misses of `policy` over every sequence of the trace (each from a cold cache)."""
+    per_seq = simulate_sequences(trace, policy, slots, scope, phase, params)
+    lookups = sum(r.lookups for r in per_seq)
+    misses = sum(r.misses for r in per_seq)
+    return SimResult(policy, slots, scope, phase, lookups, misses)
+
+
+def simulate_sequences(
+    trace: RouteTrace,
+    policy: str,
+    slots: int,
+    scope: str = "layer",
+    phase: str = "decode",
+    params: PolicyParams | None = None,
+) -> list[SimResult]:
+    """One SimResult per sequence of the trace (with `phase` tokens), each from a cold cache:
+    the unit of the paired per-sequence comparisons (policy A vs B on the same sequence)."""
     if scope not in SCOPES:
         raise ParamsError(f"scope must be layer or global, got {scope!r}")
     if policy not in TRACE_POLICIES:
@@ -90,7 +106,6 @@ def simulate_trace(
     if slots < trace.top_k:
         raise ParamsError(f"slots={slots} is below top_k={trace.top_k} experts one token needs")
     params = params or PolicyParams()
-    lookups = misses = 0
     E, L = trace.n_expert, trace.n_layer
     blocks = phase_blocks(trace, phase)
     other = policy == "pin_other"
@@ -100,9 +115,11 @@ def simulate_trace(
             f"{len(blocks)} with {phase} tokens"
         )
     kernel_policy = "pin" if other else policy
+    out = []
     for i, block in enumerate(blocks):
         rest = [b for j, b in enumerate(blocks) if j != i]
-        lookups += int((block >= 0).sum())
+        lookups = int((block >= 0).sum())
+        misses = 0
         if scope == "layer":
             for j, g in enumerate(layer_streams(block)):
                 pinned = None
@@ -119,7 +136,8 @@ def simulate_trace(
             if other:
                 pinned = pin_set(np.concatenate([global_stream(b, E) for b in rest]), E * L, slots)
             misses += simulate_groups(g, E * L, slots, kernel_policy, p, check=False, pinned=pinned)
-    return SimResult(policy, slots, scope, phase, lookups, misses)
+        out.append(SimResult(policy, slots, scope, phase, lookups, int(misses)))
+    return out
 
 
 def sweep(
