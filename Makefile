@@ -26,11 +26,19 @@ GGML_ARGS  := -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_A
 	$(if $(call cpu_has,avx512_bf16),-DGGML_AVX512_BF16=ON)
 WHEELS     := $(HOME)/.cache/sdq/wheels/$(shell echo '$(LLAMA_CPP) $(GGML_ARGS)' | md5sum | cut -c1-12)
 
-.PHONY: setup kernel-cache test reproduce docs lab lint format clean
+.PHONY: setup browser kernel-cache test reproduce docs lab lint format clean
 
 # fio, the reference `sdq probe --fio` (notebook 01) runs beside sdq: installed when missing.
-setup: $(STAMP)
+setup: $(STAMP) browser
 	@command -v fio >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive && { apt-get install -y -qq fio || { apt-get update -qq && apt-get install -y -qq fio; }; } >/dev/null 2>&1; } || echo "setup: fio could not be installed (apt-get install -y fio, as root): sdq probe runs without its fio column" >&2
+
+# tests/test_site.py browses the HTML site in Debian's chromium, headless: installed here when
+# missing (needs root). If it cannot be, that test fails saying so; nothing else needs it.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive && \
+	  { apt-get install -y -qq chromium || { apt-get update -qq && \
+	    apt-get install -y -qq chromium; }; } >/dev/null 2>&1; } || \
+	  echo "setup: chromium could not be installed (apt-get install -y chromium, as root)" >&2
 
 $(STAMP): pyproject.toml $(wildcard kernels_c/*.c kernels_c/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,9 +65,12 @@ reproduce: kernel-cache
 	$(PY) -m sdq.lab.reproduce --params $(PARAMS) $(if $(ONLY),--only $(ONLY))
 	$(MAKE) --no-print-directory docs PARAMS=$(PARAMS)
 
-# Render docs/ from outputs/ (tables and charts are inserted, never typed).
+# Render docs/ from outputs/ (tables and charts are inserted, never typed), then the HTML site
+# site/$(PARAMS)/ from the same pages and the executed notebooks. docs/ holds the committed
+# default evidence: another parameter set (smoke) gets only its site.
 docs: setup
-	$(PY) -m sdq.lab.docs --params $(PARAMS)
+	$(if $(filter default,$(PARAMS)),$(PY) -m sdq.lab.docs --params $(PARAMS))
+	$(PY) -m sdq.lab.site --params $(PARAMS)
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks
