@@ -54,7 +54,7 @@ $(STAMP): pyproject.toml $(wildcard kernels_c/*.c kernels_c/*.h)
 # Numba caches compiled kernels per source file; drop them when the LLVM intrinsics they
 # inline changed (sdq/kernels/jit.py).
 kernel-cache: setup
-	@$(PY) -m sdq.kernels.jit
+	@$(PY) -c 'from sdq.kernels.jit import drop_stale_cache; drop_stale_cache()'
 
 test: kernel-cache
 	$(PY) -m pytest -q
