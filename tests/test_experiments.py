@@ -300,3 +300,75 @@ def test_a_run_that_found_the_file_cached_is_not_cold_and_left_out_of_medians():
     frame = runs_frame([row(0.0, 0.0, v=2.0), row(0.97, 0.97, v=9.0), row(0.01, 0.3, v=4.0)])
     t = summarize(frame, ["label"], ["decode_tok_s"])
     assert (t.loc[0, "ok"], t.loc[0, "not cold"], t.loc[0, "decode_tok_s"]) == (2, 1, 3.0)
+
+
+def test_rotated_schedule_runs_every_two_configurations_in_both_orders(model):
+    configs = _configs(model, labels=("A", "B", "C"))
+    plan = schedule(configs, 4, rotate=True)
+    per_repeat = [[c.label for r, c in plan if r == k] for k in range(4)]
+    assert per_repeat == [list("ABC"), list("CBA"), list("BCA"), list("ACB")]
+    for x, y in (("A", "B"), ("A", "C"), ("B", "C")):
+        for k in (0, 2):  # each two repeats: x before y once, y before x once
+            first = [p.index(x) < p.index(y) for p in per_repeat[k : k + 2]]
+            assert sorted(first) == [False, True]
+    assert {p[0] for p in per_repeat} == {"A", "B", "C"}  # none always first
+    two = [c.label for _, c in schedule(configs[:2], 4, rotate=True)]
+    assert two == list("ABBABAAB")
+    calls = []
+    run_sweep(
+        configs[:2],
+        2,
+        Journal(model.parent / "r.jsonl"),
+        progress=False,
+        execute=_fake_execute(calls),
+        rotate=True,
+    )
+    assert calls == [("A", 0), ("B", 0), ("B", 1), ("A", 1)]
+
+
+def test_io_suites_label_prefetch_and_page_cache_and_pass_them_on(tiny_model, tmp_path):
+    from sdq.measure.experiments.suites import ROTATED_SUITES, SuiteBuilder
+
+    s = Settings(
+        serial_io_threads=4,
+        ab_io_threads=4,
+        io_threads=(2, 4),
+        splits=(1, 4),
+        split_io_threads=(4,),
+        layer_miss_misses=(1, 2),
+    )
+    b = SuiteBuilder(str(tiny_model), s, tmp_path, progress=False)
+    io = b.build("io")
+    assert [c.label for c in io] == [
+        "serial x4 prefetch off",
+        "parallel x4 prefetch off",
+        "serial x4 prefetch on",
+        "parallel x4 prefetch on",
+    ]
+    for c in io:
+        off = c.meta_dict["prefetch"] == "off"
+        if off:
+            assert c.args[c.args.index("--prefetch-next") + 1] == "0"
+        else:
+            assert "--prefetch-next" not in c.args  # on: the engine's default
+        assert c.file_cache == "dropped" and "dontneed" in c.args
+    threads = [c.label for c in b.build("threads")]
+    assert threads == [c.label for c in io] + ["parallel x2 prefetch off"]  # x4 off: in io
+    split = b.build("split")
+    assert [c.label for c in split] == [
+        f"split{k} x4 prefetch off {cache}" for cache in ("cold", "warm") for k in (1, 4)
+    ]
+    for c in split:
+        warm = c.meta_dict["page_cache"] == "warm"
+        mode = c.args[c.args.index("--cache-mode") + 1]
+        assert (mode, c.file_cache) == (("pagecache", "warm") if warm else ("dontneed", "dropped"))
+    assert len({c.key for c in split}) == 4
+    (lm,) = b.build("layer-miss")
+    assert lm.args[lm.args.index("--misses") + 1] == "1,2"
+    assert not (tmp_path / "calibration.json").exists()  # the I/O suites need no calibration
+    assert set(ROTATED_SUITES) == {"io", "threads", "split", "profile"}
+    assert schedule(io, 2, rotate=True)[4][1] is io[-1]  # the second repeat starts reversed
+    with pytest.raises(ParamsError, match="ab_prefetch"):
+        s.replace(ab_prefetch=("sometimes",))
+    with pytest.raises(ParamsError, match="split_cache"):
+        s.replace(split_cache=("lukewarm",))

@@ -53,8 +53,8 @@ def test_bench_layer_miss_runs_and_compares_modes(gguf_path, capsys):
         "bench",
         "layer-miss",
         str(gguf_path),
-        "--experts",
-        "4",
+        "--misses",
+        "1,4",
         "--mode",
         "serial,parallel,split",
         "--split",
@@ -64,28 +64,39 @@ def test_bench_layer_miss_runs_and_compares_modes(gguf_path, capsys):
         "--cache-mode",
         "dontneed",
         "--repeat",
-        "2",
+        "3",
         "--json",
     ]
     assert main(args) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["cache_mode"] == "dontneed"
-    labels = [r["label"] for r in d["rows"]]
-    assert labels == [
-        "serial x2",
-        "serial x4",
-        "parallel x2",
-        "parallel x4",
-        "split2 x2",
-        "split2 x4",
+    labels = ["serial x2", "serial x4", "parallel x2", "parallel x4", "split2 x2", "split2 x4"]
+    assert [(r["misses"], r["label"]) for r in d["rows"]] == [
+        (m, lab) for m in (1, 4) for lab in labels
     ]
+    one = {r["label"]: r["expert_bytes"] for r in d["rows"] if r["misses"] == 1}
     for r in d["rows"]:
         assert (
             r["median_ms"] > 0
             and r["gb_s"] > 0
             and r["best_other"].split()[0] != r["label"].split()[0]
         )
-        assert r["expert_bytes"] > 0
+        assert r["expert_bytes"] > 0 and r["resident_before"] < 0.05
+        # one time per repetition (a pair with any other configuration of the same misses)
+        assert len(r["times_ms"]) == 3 and r["median_ms"] == sorted(r["times_ms"])[1]
+        if r["misses"] == 4:  # 4 of the layer's experts: 4 times one expert's bytes or so
+            assert 3 * one[r["label"]] < r["expert_bytes"] < 5 * one[r["label"]]
+        # the ratio to the best other mode is taken among rows with the same misses
+        best = min(
+            (o for o in d["rows"] if o["misses"] == r["misses"] and o["mode"] != r["mode"]),
+            key=lambda o: o["median_ms"],
+        )
+        assert r["best_other"] == best["label"]
+        assert r["ratio_to_best_other"] == pytest.approx(r["median_ms"] / best["median_ms"])
+    assert main(args[:3] + ["--experts", "2", "--io-threads", "2", "--repeat", "1"]) == 0
+    assert "2 experts of one layer missing" in capsys.readouterr().out  # --experts: an alias
+    assert main(args[:3] + ["--misses", "9"]) == 2
+    assert "--misses 9: expected 1..8" in capsys.readouterr().err
     assert main(args[:-1]) == 0
     assert "cache mode: dontneed" in capsys.readouterr().out
     assert main(["bench", "layer-miss", str(gguf_path), "--mode", "fast"]) == 2

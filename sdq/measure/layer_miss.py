@@ -1,16 +1,23 @@
-"""One layer, every expert a miss: how fast do its experts arrive? (table T3)
+"""One layer, some of its experts a miss: how fast do they arrive? (table T3)
 
 Seed 000 §2: 8 experts of one layer, all missing, read as
-  serial    8 threads, each reads one expert's three segments one after another
+  serial    one task per expert: its three segments one after another (8 threads)
   parallel  every segment its own request (16 or 24 threads)
   split N   every segment cut into N page-aligned chunks (seed 003)
-Each repetition picks a layer and `experts` distinct experts at random (seeded), drops the
-file's pages from the page cache (dontneed), bypasses it (direct) or warms it with one untimed
-read (pagecache, reported as such: not device speed), and times every configuration on the same
-experts, in a rotating order so drift does not favour one. Reported per configuration: median
-wall time from submit to the last byte, GB/s of expert bytes at that median, and the ratio to the
-best configuration of another mode measured in the same run (> 1: slower). The slot bytes of each
-configuration are checked against the file once. `sdq bench layer-miss` prints the rows.
+The seed's point (an expert is a chain of three reads) matters most when only a few experts of a
+layer miss, as in decode, so the number of misses per layer is a parameter (`misses`, e.g.
+1, 2, 4, 8): with 8 misses the serial reads already keep 8 requests in flight.
+
+Each repetition picks a layer and max(misses) distinct experts at random (seeded); a
+configuration with m misses reads the first m of them. Before every timed read the file's pages
+are dropped from the page cache (dontneed), bypassed (direct) or warmed with one untimed read
+(pagecache, reported as such: not device speed). Every configuration is timed once per
+repetition on the same experts, in an order rotated by one each repetition so drift does not
+favour one; the per-repetition times are kept (`Row.times_ms`), so two configurations give one
+pair per repetition. Reported per configuration: median wall time from submit to the last byte,
+GB/s of expert bytes at that median, and the ratio to the best configuration of another mode
+with the same misses (> 1: slower). The slot bytes of each configuration are checked against the
+file once. `sdq bench layer-miss` prints the rows.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,10 +42,11 @@ CACHE_NOTES = {
 
 @dataclass(frozen=True)
 class LayerMissSettings:
-    """What one layer-miss run reads: `experts` of one layer, each configuration (mode x I/O
-    threads, x split for mode split) `repeat` times, in one page-cache mode."""
+    """What one layer-miss run reads: `misses` experts of one layer (each count a set of
+    configurations), each configuration (misses x mode x I/O threads, x split for mode split)
+    `repeat` times, in one page-cache mode."""
 
-    experts: int = 8
+    misses: tuple[int, ...] = (8,)
     modes: tuple[str, ...] = ("serial", "parallel")
     splits: tuple[int, ...] = (4,)
     io_threads: tuple[int, ...] = (8, 16, 24)
@@ -47,18 +55,18 @@ class LayerMissSettings:
     layer: int | None = None  # a fixed MoE layer; None: a random one per repetition
     seed: int = 0
 
-    def configurations(self) -> list[tuple[str, int, int]]:
-        """(mode, split, io_threads) of every configuration, in the order they are reported."""
-        return configurations(self.modes, self.splits, self.io_threads)
+    def configurations(self) -> list[tuple[int, str, int, int]]:
+        """(misses, mode, split, io_threads) of every configuration, in the order reported."""
+        return configurations(self.misses, self.modes, self.splits, self.io_threads)
 
 
 @dataclass
 class Row:
+    misses: int  # experts of the layer read (all missing)
     mode: str
     split: int
     io_threads: int
     cache_mode: str
-    experts: int
     repeat: int
     median_ms: float
     min_ms: float
@@ -71,6 +79,7 @@ class Row:
     resident_before: float
     best_other: str = ""
     ratio_to_best_other: float = float("nan")
+    times_ms: list[float] = field(default_factory=list)  # (repeat,) one per repetition, in order
 
     @property
     def label(self) -> str:
@@ -78,12 +87,13 @@ class Row:
         return f"{name} x{self.io_threads}"
 
 
-def configurations(modes, splits, threads) -> list[tuple[str, int, int]]:
+def configurations(misses, modes, splits, threads) -> list[tuple[int, str, int, int]]:
     out = []
-    for mode in modes:
-        for n in threads:
-            for s in splits if mode == "split" else [1]:
-                out.append((mode, s, n))
+    for m in misses:
+        for mode in modes:
+            for n in threads:
+                for s in splits if mode == "split" else [1]:
+                    out.append((m, mode, s, n))
     return out
 
 
@@ -106,16 +116,20 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
         raise ParamsError(f"--repeat {st.repeat}: expected >= 1")
     model = open_model(path)
     table = model.require_experts()
-    if not 1 <= st.experts <= table.n_expert:
-        raise ParamsError(f"--experts {st.experts}: the model has {table.n_expert} per layer")
+    if not st.misses:
+        raise ParamsError("--misses: expected at least one count")
+    for m in st.misses:
+        if not 1 <= m <= table.n_expert:
+            raise ParamsError(f"--misses {m}: expected 1..{table.n_expert} (experts per layer)")
     if st.layer is not None:
         table.row(st.layer)
     configs = st.configurations()
-    for mode, s, n in configs:
+    for _, mode, s, n in configs:
         IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode)  # validates
+    most = max(st.misses)
     layout = SlotLayout.for_table(table, st.cache_mode)
-    arena = Arena(st.experts, layout.slot_bytes)
-    first = IOSettings(threads=configs[0][2], cache_mode=st.cache_mode)
+    arena = Arena(most, layout.slot_bytes)
+    first = IOSettings(threads=configs[0][3], cache_mode=st.cache_mode)
     reader = ExpertReader(model.path, table, layout, first)
     check_fd = os.open(model.path, os.O_RDONLY)
     rng = np.random.default_rng(st.seed)
@@ -130,11 +144,12 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 if st.layer is not None
                 else int(rng.integers(len(table.layers)))
             )
-            experts = [int(e) for e in rng.choice(table.n_expert, st.experts, replace=False)]
-            addrs = [arena.address(k) for k in range(st.experts)]
+            chosen = [int(e) for e in rng.choice(table.n_expert, most, replace=False)]
             order = configs[r % len(configs) :] + configs[: r % len(configs)]
             for c in order:
-                mode, s, n = c
+                m, mode, s, n = c
+                experts = chosen[:m]
+                addrs = [arena.address(k) for k in range(m)]
                 reader.set_io(IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode))
                 if warm:  # read once untimed
                     reader.submit(row, experts, addrs, arena)[0].wait_all()
@@ -159,17 +174,17 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
 
     rows = []
     for c in configs:
-        mode, s, n = c
+        m, mode, s, n = c
         med = statistics.median(times[c])
         eb = int(statistics.median(b for b, _ in nbytes[c]))
         db = int(statistics.median(d for _, d in nbytes[c]))
         rows.append(
             Row(
+                m,
                 mode,
                 s,
                 n,
                 st.cache_mode,
-                st.experts,
                 st.repeat,
                 med,
                 min(times[c]),
@@ -178,10 +193,11 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 db,
                 eb / med / 1e6,  # bytes per ms / 10**6 = GB/s
                 resident[c],
+                times_ms=list(times[c]),
             )
         )
     for row_ in rows:
-        others = [o for o in rows if o.mode != row_.mode]
+        others = [o for o in rows if o.mode != row_.mode and o.misses == row_.misses]
         if others:
             best = min(others, key=lambda o: o.median_ms)
             row_.best_other = best.label

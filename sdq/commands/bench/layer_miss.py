@@ -1,5 +1,6 @@
-"""`sdq bench layer-miss MODEL`: one layer, every expert a miss — how fast do its experts arrive?
-(table T3); serial vs parallel vs split reads. How it is measured is in sdq.measure.layer_miss.
+"""`sdq bench layer-miss MODEL`: one layer, some experts a miss — how fast do they arrive?
+(table T3); serial vs parallel vs split reads at 1, 2, 4 ... misses per layer
+(`--misses 1,2,4,8`). How it is measured is in sdq.measure.layer_miss.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ def _int_list(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="GGUF file")
-    p.add_argument("--experts", type=int, default=8, help="experts per layer read (default 8)")
+    p.add_argument(
+        "--misses",
+        "--experts",
+        dest="misses",
+        type=_int_list,
+        default=[8],
+        help="experts of the layer that miss, comma list (default 8; e.g. 1,2,4,8)",
+    )
     p.add_argument(
         "--mode",
         default="serial,parallel",
@@ -53,7 +61,7 @@ def run(args) -> int:
     from sdq.measure.layer_miss import CACHE_NOTES, LayerMissSettings, measure_layer_miss
 
     settings = LayerMissSettings(
-        experts=args.experts,
+        misses=tuple(args.misses),
         modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
         splits=tuple(args.split),
         io_threads=tuple(args.io_threads),
@@ -75,19 +83,21 @@ def run(args) -> int:
         }
         print(json.dumps(out, indent=1))
         return 0
+    shown = ",".join(str(m) for m in args.misses)
     print(
-        f"layer-miss: {path.name}, {args.experts} experts of one layer, all miss; "
+        f"layer-miss: {path.name}, {shown} experts of one layer missing; "
         f"{args.repeat} repetitions, medians"
     )
     print(f"cache mode: {args.cache_mode} ({note})")
     print(
-        f"{'config':<14} {'median ms':>10} {'min':>8} {'max':>8} {'GB/s':>7} {'MB':>7} "
-        f"{'cached':>7}  vs best other mode"
+        f"{'misses':>6} {'config':<14} {'median ms':>10} {'min':>8} {'max':>8} {'GB/s':>7} "
+        f"{'MB':>7} {'cached':>7}  vs best other mode"
     )
     for r in rows:
         vs = f"{r.ratio_to_best_other:.2f}x ({r.best_other})" if r.best_other else "-"
         print(
-            f"{r.label:<14} {r.median_ms:>10.2f} {r.min_ms:>8.2f} {r.max_ms:>8.2f} "
-            f"{r.gb_s:>7.2f} {r.expert_bytes / MB:>7.1f} {r.resident_before:>6.0%}  {vs}"
+            f"{r.misses:>6} {r.label:<14} {r.median_ms:>10.2f} {r.min_ms:>8.2f} "
+            f"{r.max_ms:>8.2f} {r.gb_s:>7.2f} {r.expert_bytes / MB:>7.1f} "
+            f"{r.resident_before:>6.0%}  {vs}"
         )
     return 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sdq.measure.experiments.journal import Journal
 from sdq.measure.experiments.runner import run_sweep
-from sdq.measure.experiments.suites import Settings, SuiteBuilder
+from sdq.measure.experiments.suites import ROTATED_SUITES, Settings, SuiteBuilder
 
 
 def journal_path(out_dir: str | Path, suite: str) -> Path:
@@ -41,4 +41,5 @@ def run_suite(
         system_drop=system_drop,
         cold_wait_s=settings.cold_wait_s,
         desc=suite,
+        rotate=suite in ROTATED_SUITES,
     )

@@ -2,8 +2,11 @@
 
 Order: repeat-major, configurations in the same order within each repeat (A B C A B C ...), so
 slow drift of the machine (other load, thermal state, a growing page cache) falls on every
-configuration alike instead of on whichever ran last. Every finished run is appended to the
-journal before the next starts; a re-run skips the (key, repeat) pairs the journal already holds.
+configuration alike instead of on whichever ran last. With `rotate`, repeat r runs them rotated
+by r // 2 and reversed when r is odd (A B C, C B A, B C A, A C B, ...; two: A B, B A, B A, A B):
+over each two repeats every two configurations run in both orders, and none always runs first.
+Every finished run is appended to the journal before the next starts; a re-run skips the
+(key, repeat) pairs the journal already holds.
 """
 
 from __future__ import annotations
@@ -16,9 +19,18 @@ from sdq.measure.experiments.execute import run_config
 from sdq.measure.experiments.journal import Journal
 
 
-def schedule(configs: Sequence[RunConfig], repeat: int) -> list[tuple[int, RunConfig]]:
+def schedule(
+    configs: Sequence[RunConfig], repeat: int, rotate: bool = False
+) -> list[tuple[int, RunConfig]]:
     """(repeat index, configuration) in the order they run."""
-    return [(r, c) for r in range(repeat) for c in configs]
+    n = len(configs)
+    if not rotate or n == 0:
+        return [(r, c) for r in range(repeat) for c in configs]
+    out = []
+    for r in range(repeat):
+        order = [configs[(r // 2 + i) % n] for i in range(n)]
+        out += [(r, c) for c in (order[::-1] if r % 2 else order)]
+    return out
 
 
 def run_sweep(
@@ -32,6 +44,7 @@ def run_sweep(
     cold_wait_s: float = 60.0,
     execute: Callable[..., dict] = run_config,
     desc: str = "",
+    rotate: bool = False,
 ) -> list[dict]:
     """Runs what the journal does not hold yet; returns this sweep's rows (old and new) in
     schedule order."""
@@ -41,7 +54,7 @@ def run_sweep(
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise ValueError(f"two configurations of the sweep have the same key {dup}")
-    plan = schedule(configs, repeat)
+    plan = schedule(configs, repeat, rotate)
     done = journal.done()
     todo = [(r, c) for r, c in plan if (c.key, r) not in done]
     bar = tqdm(

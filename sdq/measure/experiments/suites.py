@@ -1,16 +1,25 @@
 """The suites: which configurations each one runs, and how the RAM budget of a run is chosen.
 
-    layer-miss  T3   one layer, every expert a miss: `sdq bench layer-miss --json`
-    io          T4   the seed's final A/B (000 §0): serial vs parallel segment reads
-    threads     T4   serial, and parallel at each I/O thread count (000 §3)
-    split       T5   split 1, 2, 3, 4, 6, 8 x I/O thread counts (000 §4.1, seed 003)
+    layer-miss  T3   one layer, 1, 2, 4 ... of its experts missing: `sdq bench layer-miss --json`
+    io          T4   the seed's final A/B (000 §0): serial vs parallel segment reads, with the
+                     next-layer prefetch off (as in the seed) and on (the engine's default)
+    threads     T4   the io suite's runs, and parallel at each I/O thread count (000 §3)
+    split       T5   split 1, 2, 4, 8 x I/O thread counts x page cache cold / warm (000 §4.1, 003)
     profile     T11  `sdq chat --profile`: ms per token per op category, serial and parallel
     memory      T9   ubatch sweep under a RAM limit, plan-based vs the seed's sizing (000 §5.1)
     reserve     T10  reserve sweep at a fixed budget: slots, peak RSS vs budget, tok/s (000 §5.2)
 
 Every chat run generates the same tokens from the same prompt (greedy, --ignore-eos), with the
-same threads and seed. The arena holds `arena_fraction` of all routed experts: in the I/O suites
-set with `--max-slots`; in the memory suites through the budget, the one for which the memory
+same threads and seed. The I/O suites (`ROTATED_SUITES`) rotate and reverse their order from
+repeat to repeat (sdq.measure.experiments.runner: A B, B A, B A, A B for two), so no
+configuration always runs first after a page-cache drop. Their prefetch state is part of every
+label: "prefetch off" passes `--prefetch-next 0` (the seed had no prefetch), "prefetch on"
+leaves the engine's default (the next layer's likeliest experts read ahead during decode). Page
+cache: "cold" reads with `cache_mode` (dontneed or direct) after the file's pages are dropped;
+"warm" (seed 003's condition) reads with cache mode pagecache after the whole file is read once.
+
+The arena holds `arena_fraction` of all routed experts: in the I/O suites set with
+`--max-slots`; in the memory suites through the budget, the one for which the memory
 plan leaves that many slots, computed with the RSS a chat process has when it plans (measured
 once per model by a calibration run).
 
@@ -36,6 +45,9 @@ from sdq.paging.reads import CACHE_MODES, MODES
 from sdq.units import MIB
 
 SUITES = ("layer-miss", "io", "threads", "split", "profile", "memory", "reserve")
+ROTATED_SUITES = ("io", "threads", "split", "profile")  # order rotated by one each repeat
+PREFETCH = ("off", "on")  # off: --prefetch-next 0; on: the engine's default
+PAGE_CACHE = ("cold", "warm")  # the split suite's page-cache conditions (see the docstring)
 SIZINGS = ("plan", "seed")
 # the I/O modes the profile suite compares: split needs a piece count and has its own suite
 PROFILE_IO_MODES = tuple(m for m in MODES if m != "split")
@@ -65,14 +77,18 @@ class Settings:
     # io, threads (T4)
     serial_io_threads: int = 8
     ab_io_threads: int = 8
-    io_threads: tuple[int, ...] = (2, 4, 8, 16, 24)
+    ab_prefetch: tuple[str, ...] = PREFETCH  # the A/B's prefetch states (io suite)
+    io_threads: tuple[int, ...] = (2, 8, 24)
+    prefetch: str = "off"  # the prefetch of the thread sweep, the split and profile suites
     # split (T5)
-    splits: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
-    split_io_threads: tuple[int, ...] = (8, 24)
+    splits: tuple[int, ...] = (1, 2, 4, 8)
+    split_io_threads: tuple[int, ...] = (8,)
+    split_cache: tuple[str, ...] = PAGE_CACHE
     # layer-miss (T3)
+    layer_miss_misses: tuple[int, ...] = (1, 2, 4, 8)  # experts of the layer missing
     layer_miss_modes: tuple[str, ...] = ("serial", "parallel")
-    layer_miss_io_threads: tuple[int, ...] = (8, 16, 24)
-    layer_miss_repeat: int = 9  # the benchmark's own repetitions per run
+    layer_miss_io_threads: tuple[int, ...] = (8, 24)
+    layer_miss_repeat: int = 31  # the benchmark's own repetitions per run
     # profile (T11)
     profile_io_modes: tuple[str, ...] = PROFILE_IO_MODES
     # memory (T9) and reserve (T10)
@@ -123,6 +139,15 @@ class Settings:
             (
                 set(self.profile_io_modes) <= set(PROFILE_IO_MODES),
                 f"profile_io_modes {self.profile_io_modes}",
+            ),
+            (
+                set(self.ab_prefetch) <= set(PREFETCH) and self.prefetch in PREFETCH,
+                f"ab_prefetch {self.ab_prefetch}, prefetch {self.prefetch!r}: {PREFETCH}",
+            ),
+            (set(self.split_cache) <= set(PAGE_CACHE), f"split_cache {self.split_cache}"),
+            (
+                bool(self.layer_miss_misses) and min(self.layer_miss_misses) >= 1,
+                f"layer_miss_misses {self.layer_miss_misses}: counts >= 1",
             ),
         )
         for ok, what in checks:
@@ -284,9 +309,16 @@ class SuiteBuilder:
 
     # I/O suites ---------------------------------------------------------------------------
 
-    def _io_config(self, suite, label, mode, io_threads, split=1, extra=(), meta=()):
+    def _io_config(
+        self, suite, label, mode, io_threads, split=1, prefetch="off", cache="cold", extra=()
+    ):
+        """One chat configuration of an I/O suite; `prefetch` and `cache` (PAGE_CACHE) are
+        named at the end of the label."""
         s = self.s
         slots = self.io_slots()
+        cache_mode, file_cache = (
+            (s.cache_mode, s.file_cache) if cache == "cold" else ("pagecache", "warm")
+        )
         args = _chat_common(self.model, s) + [
             "--max-slots",
             str(slots),
@@ -297,24 +329,27 @@ class SuiteBuilder:
             "--io-split",
             str(split),
             "--cache-mode",
-            s.cache_mode,
+            cache_mode,
+            *(("--prefetch-next", "0") if prefetch == "off" else ()),
             *extra,
         ]
         if s.profile_all and "--profile" not in args:
             args.append("--profile")
+        label = f"{label} prefetch {prefetch}" + (f" {cache}" if suite == "split" else "")
         return RunConfig(
             suite,
             label,
             tuple(args),
             self.model,
             MemoryLimit(),
-            s.file_cache,
+            file_cache,
             (
                 ("io_mode", mode),
                 ("io_threads", io_threads),
                 ("split", split),
+                ("prefetch", prefetch),
+                ("page_cache", cache),
                 ("target_slots", slots),
-                *meta,
             ),
         )
 
@@ -325,28 +360,35 @@ class SuiteBuilder:
         k = int(self.m.spec.n_expert_used)
         return max(round(self.s.arena_fraction * len(table.layers) * table.n_expert), 2 * k)
 
-    def io(self) -> list[RunConfig]:
+    def io(self, suite: str = "io") -> list[RunConfig]:
+        """The seed's A/B: serial vs parallel, for each prefetch state of `ab_prefetch`."""
         s = self.s
-        return [
-            self._io_config("io", f"serial x{s.serial_io_threads}", "serial", s.serial_io_threads),
-            self._io_config("io", f"parallel x{s.ab_io_threads}", "parallel", s.ab_io_threads),
-        ]
+        out = []
+        for pf in s.ab_prefetch:
+            ser, par = s.serial_io_threads, s.ab_io_threads
+            out.append(self._io_config(suite, f"serial x{ser}", "serial", ser, prefetch=pf))
+            out.append(self._io_config(suite, f"parallel x{par}", "parallel", par, prefetch=pf))
+        return out
 
     def threads(self) -> list[RunConfig]:
+        """The io suite's runs, then parallel at each I/O thread count (prefetch `prefetch`)
+        that the io suite does not run already."""
         s = self.s
-        out = [
-            self._io_config(
-                "threads", f"serial x{s.serial_io_threads}", "serial", s.serial_io_threads
-            )
-        ]
+        out = self.io("threads")
+        have = {c.label for c in out}
         for n in s.io_threads:
-            out.append(self._io_config("threads", f"parallel x{n}", "parallel", n))
+            c = self._io_config("threads", f"parallel x{n}", "parallel", n, prefetch=s.prefetch)
+            if c.label not in have:
+                out.append(c)
         return out
 
     def split(self) -> list[RunConfig]:
         s = self.s
         return [
-            self._io_config("split", f"split{k} x{n}", "split", n, split=k)
+            self._io_config(
+                "split", f"split{k} x{n}", "split", n, split=k, prefetch=s.prefetch, cache=cache
+            )
+            for cache in s.split_cache
             for n in s.split_io_threads
             for k in s.splits
         ]
@@ -355,7 +397,14 @@ class SuiteBuilder:
         s = self.s
         n = {"serial": s.serial_io_threads, "parallel": s.ab_io_threads}
         return [
-            self._io_config("profile", f"{mode} x{n[mode]}", mode, n[mode], extra=("--profile",))
+            self._io_config(
+                "profile",
+                f"{mode} x{n[mode]}",
+                mode,
+                n[mode],
+                prefetch=s.prefetch,
+                extra=("--profile",),
+            )
             for mode in s.profile_io_modes
         ]
 
@@ -366,6 +415,8 @@ class SuiteBuilder:
             "layer-miss",
             self.model,
             "--json",
+            "--misses",
+            ",".join(str(m) for m in s.layer_miss_misses),
             "--mode",
             ",".join(s.layer_miss_modes),
             "--io-threads",
@@ -374,8 +425,6 @@ class SuiteBuilder:
             str(s.layer_miss_repeat),
             "--cache-mode",
             s.cache_mode,
-            "--experts",
-            str(self.cal.n_expert_used),
             "--seed",
             str(s.seed),
         )

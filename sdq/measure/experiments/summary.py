@@ -223,10 +223,10 @@ MEMORY_METRICS = (
     "peak_data_mb",
 )
 SUITE_COLUMNS = {
-    "io": (["label", "io_mode", "io_threads", "split"], IO_METRICS),
-    "threads": (["label", "io_mode", "io_threads", "split"], IO_METRICS),
-    "split": (["label", "io_mode", "io_threads", "split"], IO_METRICS),
-    "profile": (["label", "io_mode", "io_threads"], IO_METRICS),
+    "io": (["label", "io_mode", "io_threads", "split", "prefetch"], IO_METRICS),
+    "threads": (["label", "io_mode", "io_threads", "split", "prefetch"], IO_METRICS),
+    "split": (["label", "io_mode", "io_threads", "split", "prefetch", "page_cache"], IO_METRICS),
+    "profile": (["label", "io_mode", "io_threads", "prefetch"], IO_METRICS),
     "memory": (
         ["label", "sizing", "ubatch", "compute_buffer_mb", "budget_mb", "limit_method"],
         MEMORY_METRICS,
@@ -236,7 +236,8 @@ SUITE_COLUMNS = {
 
 
 def layer_miss_frame(rows: Iterable[dict]):
-    """One row per benchmark configuration and run (ok runs)."""
+    """One row per benchmark configuration and run (ok runs); `times_ms` holds the run's
+    per-repetition times (one list per row)."""
     import pandas as pd
 
     recs = []
@@ -252,7 +253,8 @@ def suite_table(suite: str, rows: Sequence[dict]):
         lm = layer_miss_frame(rows)
         if lm.empty:
             return lm
-        g = lm.groupby(["label", "mode", "split", "io_threads", "cache_mode"], sort=False)
+        by = ["misses", "label", "mode", "split", "io_threads", "cache_mode"]
+        g = lm.groupby(by, sort=False)
         return g.agg(
             median_ms=("median_ms", "median"),
             min_ms=("min_ms", "min"),
