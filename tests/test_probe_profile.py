@@ -25,6 +25,7 @@ from sdq.measure.probe import (
     Timing,
     pick_threads,
     reread_latency,
+    reread_order,
     summarize,
 )
 from sdq.paging.io_profile import default_profile_path, device_id, find_profile, load_io_profile
@@ -321,6 +322,28 @@ def test_summarize_keeps_each_runs_figures_in_order():
     assert s.mb_s == pytest.approx(3000.0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 5, 64])
+def test_reread_order_reads_each_block_twice_interleaved(n):
+    order, first, second = reread_order(n)
+    assert len(order) == 2 * n and sorted(order.tolist()) == sorted(list(range(n)) * 2)
+    assert (order[first] == np.arange(n)).all() and (order[second] == np.arange(n)).all()
+    assert (first < second).all()
+    assert (order[second[:-1] - 1] == np.arange(1, n)).all()  # right after the next first read
+    assert first.tolist() == sorted(first.tolist())
+
+
+def test_reread_mean_ratio_interval_brackets_the_ratio():
+    from sdq.measure.probe import Reread
+
+    a = tuple([0.2] * 50 + [1.0] * 10)  # cold first reads: a slow tail
+    b = tuple([0.2] * 60)
+    r = Reread("f", 60, 1.0, 0.2, 1.0, sum(a) / 60, 0.2, 0.2, 0.2, a, b)
+    lo, hi = r.mean_ratio_interval()
+    assert 1 < lo <= r.mean_ratio <= hi
+    same = Reread("f", 60, 1.0, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, b, b)
+    assert same.mean_ratio_interval() == (1.0, 1.0)
+
+
 def test_reread_reads_the_same_blocks_twice(disk_dir):
     data = disk_dir / "data.bin"
     data.write_bytes(np.random.default_rng(0).integers(0, 256, 4 << 20, np.uint8).tobytes())
@@ -330,6 +353,8 @@ def test_reread_reads_the_same_blocks_twice(disk_dir):
         assert 0 < v < 1000
     assert r.first_median_ms <= r.first_p90_ms and r.second_median_ms <= r.second_p90_ms
     assert r.mean_ratio == pytest.approx(r.first_mean_ms / r.second_mean_ms)
+    assert len(r.first_ms) == len(r.second_ms) == 64
+    assert r.first_mean_ms == pytest.approx(np.mean(r.first_ms))
 
 
 # ---------------------------------------------------------------------------- engine splits

@@ -545,20 +545,57 @@ class Reread:
     second_median_ms: float
     second_p90_ms: float
     second_mean_ms: float
+    first_ms: tuple[float, ...] = ()  # [N] each block's first read, in read order
+    second_ms: tuple[float, ...] = ()  # [N] the same block's second read
 
     @property
     def mean_ratio(self) -> float:
         """Mean latency of the first reads / of the second reads of the same blocks."""
         return self.first_mean_ms / self.second_mean_ms
 
+    def mean_ratio_interval(self, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+        """95 % percentile bootstrap interval of `mean_ratio`, resampling blocks (a block's two
+        reads stay together): a low end above 1 means the first reads were slower."""
+        a, b = np.asarray(self.first_ms), np.asarray(self.second_ms)  # [N], [N]
+        idx = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+        ratios = np.sort(a[idx].mean(axis=1) / b[idx].mean(axis=1))  # [resamples]
+        tail = round(resamples * 0.025)
+        return float(ratios[tail - 1]), float(ratios[resamples - tail])
+
+
+def reread_order(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, first, second) for re-reading blocks 0..n-1 interleaved with first reads.
+
+    order [2n]: the blocks in read order b0, b1, b0, b2, b1, ..., b(n-1), b(n-2), b(n-1): each
+    block is read again right after the next block's first read, so first and second reads
+    alternate in time and a machine that slows down or speeds up touches both alike.
+    first [n], second [n]: the positions in `order` of each block's first and second read.
+    """
+    if n < 1:
+        raise ValueError("reread_order needs at least one block")
+    order = [0]
+    for i in range(1, n):
+        order += [i, i - 1]
+    order.append(n - 1)
+    order = np.asarray(order, dtype=np.int64)  # [2n]
+    first = np.full(n, -1, np.int64)
+    second = np.full(n, -1, np.int64)
+    for pos, b in enumerate(order):
+        if first[b] < 0:
+            first[b] = pos
+        else:
+            second[b] = pos
+    return order, first, second
+
 
 def reread_latency(path: str | os.PathLike, reads: int = 256, seed: int = 0) -> Reread:
-    """`reads` 4 KiB O_DIRECT reads at distinct random offsets of `path`, one in flight, then
-    the same blocks again in the same order, through the pager's pool.
+    """`reads` 4 KiB O_DIRECT reads at distinct random offsets of `path`, one in flight,
+    through the pager's pool, each block read a second time right after the next block's first
+    read (`reread_order`).
 
     O_DIRECT bypasses this machine's page cache, so second reads faster than the first mean a
-    cache below it: the host's, when the disk is virtual, or the drive's own. Blocks read
-    or written shortly before are fast both times if such a cache holds them already.
+    cache below it: the host's, when the disk is virtual, or the drive's own. Blocks read or
+    written shortly before are fast both times if such a cache holds them already.
     """
     path = Path(path)
     st = path.stat()
@@ -567,17 +604,16 @@ def reread_latency(path: str | os.PathLike, reads: int = 256, seed: int = 0) -> 
         reader = PoolReader(fd, 1, PAGE, "direct")
         try:
             rng = np.random.default_rng(seed)
-            offsets = _random_offsets(rng, st.st_size, PAGE, reads)  # [N]
-            lengths = np.full(reads, PAGE, np.int64)  # [N]
-            passes = []
-            for _ in range(2):
-                _, start, end = reader.read_batch(offsets, lengths)
-                passes.append((end - start).astype(np.float64) / 1e6)  # [N] ms
+            blocks = _random_offsets(rng, st.st_size, PAGE, reads)  # [N]
+            order, first, second = reread_order(len(blocks))  # [2N], [N], [N]
+            lengths = np.full(len(order), PAGE, np.int64)  # [2N]
+            _, start, end = reader.read_batch(blocks[order], lengths)  # one worker: in order
+            lat = (end - start).astype(np.float64) / 1e6  # [2N] ms
         finally:
             reader.close()
     finally:
         os.close(fd)
-    (a, b) = passes
+    a, b = lat[first], lat[second]  # [N], [N]
     return Reread(
         path=str(path),
         reads=reads,
@@ -588,6 +624,8 @@ def reread_latency(path: str | os.PathLike, reads: int = 256, seed: int = 0) -> 
         second_median_ms=percentile(b, 50),
         second_p90_ms=percentile(b, 90),
         second_mean_ms=mean(b),
+        first_ms=tuple(float(x) for x in a),
+        second_ms=tuple(float(x) for x in b),
     )
 
 
