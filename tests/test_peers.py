@@ -64,9 +64,113 @@ def test_median_rows_uses_successful_runs_only():
     ]
     med = {m["system"]: m for m in median_rows(rows, ("system", "cap_mb"))}
     assert med["sdq"]["decode_tok_s"] == 2.5
-    assert (med["sdq"]["runs"], med["sdq"]["ok_runs"], med["sdq"]["status"]) == (4, 3, "ok")
+    assert (med["sdq"]["runs"], med["sdq"]["ok_runs"]) == (4, 3)
+    assert med["sdq"]["status"] == "3 of 4 runs finished; killed"  # not "ok": one run failed
     assert med["llama-mmap"]["status"] == "killed" and med["llama-mmap"]["ok_runs"] == 0
     assert "decode_tok_s" not in med["llama-mmap"]
+    ok = median_rows(rows[:3], ("system", "cap_mb"))
+    assert ok[0]["status"] == "ok"
+
+
+def test_pairs_are_runs_of_the_same_repeat_where_both_finished():
+    res = PeersResult({}, "cgroup", "")
+
+    def row(system, repeat, tok_s, status="ok"):
+        return {
+            "mode": "capped",
+            "cap_mb": 900.0,
+            "system": system,
+            "repeat": repeat,
+            "status": status,
+            "decode_tok_s": tok_s,
+        }
+
+    res.rows = [
+        row("sdq", 0, 10.0),
+        row("llama-mmap", 0, 2.0),
+        row("llama-mmap", 1, 3.0),
+        row("sdq", 1, 12.0),
+        row("sdq", 2, 11.0),
+        row("llama-mmap", 2, None, "killed"),  # no pair: one side failed
+        row("sdq", 3, 9.0),  # no pair: the peer did not run
+    ]
+    assert res.pairs("capped", 900.0, "llama-mmap") == [(2.0, 10.0), (3.0, 12.0)]
+    assert res.pairs("capped", 1200.0, "llama-mmap") == []
+
+
+def test_a_failed_system_is_not_run_again_at_that_cap(monkeypatch, tiny_model):
+    from sdq.measure import peers
+
+    calls = []
+
+    def fake_run_one(system, settings, cond, repeat=0, python=None):
+        calls.append((cond.cap_mb, system, repeat))
+        ok = not (system == "llama-lazy" or (system == "sdq" and cond.cap_mb < 100))
+        return {
+            "system": system,
+            "mode": "capped",
+            "cap_mb": cond.cap_mb,
+            "repeat": repeat,
+            "status": "ok" if ok else "killed",
+            "generated_ids": [1, 2],
+            **dict.fromkeys(
+                ("decode_tok_s", "prefill_tok_s", "device_mb_per_token", "peak_rss_mb"), 1.0
+            ),
+        }
+
+    monkeypatch.setattr(peers, "run_one", fake_run_one)
+    s = peers.PeerSettings(model=str(tiny_model), prompt_ids=(1, 2, 3), tokens=2)
+    res = peers.run_peers(
+        s,
+        [50, 200],
+        3,
+        resident=False,
+        capped_systems=("sdq", "llama-mmap"),
+        systems_at={200: ("sdq", "llama-mmap", "llama-lazy")},
+        method="rlimit_data",
+        copy_model=False,
+    )
+    assert [c for c in calls if c[1] == "sdq" and c[0] == 50] == [(50.0, "sdq", 0)]
+    assert len([c for c in calls if c[1] == "llama-mmap"]) == 6
+    assert [c for c in calls if c[1] == "llama-lazy"] == [(200.0, "llama-lazy", 0)]
+    assert len([c for c in calls if c[0] == 200 and c[1] == "sdq"]) == 3
+    with_retry = len(calls)
+    calls.clear()
+    peers.run_peers(
+        s, [50], 3, resident=False, method="rlimit_data", copy_model=False, retry_failed=True
+    )
+    assert len([c for c in calls if c[1] == "sdq"]) == 3 and with_retry == 11
+    summary = {(r["cap_mb"], r["system"]): r for r in res.summary()}
+    assert summary[(50.0, "sdq")]["status"] == "killed"
+    assert "bound_tok_s" not in summary[(50.0, "sdq")]  # no bound for a run that did not finish
+
+
+@pytest.mark.slow
+def test_teacher_forced_agreement_on_the_tiny_model(tiny_model):
+    from sdq.format.model import open_model
+    from sdq.format.tokenizer import Tokenizer
+    from sdq.measure.peers import PeerSettings, teacher_forced
+
+    model = open_model(tiny_model)
+    ids = Tokenizer.from_metadata(model.metadata, source=str(tiny_model)).encode(
+        "How does a program larger than memory run?"
+    )
+    s = PeerSettings(model=str(tiny_model), prompt_ids=tuple(ids), tokens=2)
+    n = 48
+    r = teacher_forced(s, n)
+    assert r["status"] == "ok"
+    assert len(r["tokens"]) == n and r["tokens"][: len(ids)] == list(ids)
+    for ref in ("llama", "llama_f16kv"):
+        assert len(r[f"{ref}_top"]) == len(r[f"{ref}_margin"]) == len(r[f"{ref}_rel_err"]) == n
+        assert min(r[f"{ref}_margin"]) >= 0
+    # the sequence is llama.cpp's own greedy continuation: its argmax at each generated
+    # position is the next token
+    assert r["llama_top"][len(ids) - 1 : n - 1] == r["tokens"][len(ids) :]
+    # same weights, same activation quantization, F32 KV on both sides (tests/test_llama_parity)
+    assert r["llama_agree"] >= 0.95 * n
+    assert sorted(r["llama_rel_err"])[n // 2] < 1e-5
+    with pytest.raises(Exception, match="needs more than the prompt"):
+        teacher_forced(s, len(ids))
 
 
 def test_same_tokens_against_the_first_llama_run():

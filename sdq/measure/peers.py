@@ -45,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -199,7 +199,8 @@ def run_order(systems: Sequence[str], repeat: int) -> list[str]:
 
 def median_rows(rows: Iterable[dict], keys: Sequence[str]) -> list[dict]:
     """Rows grouped by `keys`; numeric fields become the median over the group's successful
-    rows (status "ok"), with `runs` (all) and `ok_runs` counts and `status` summarised."""
+    rows (status "ok"), with `runs` (all) and `ok_runs` counts and `status` summarised: "ok"
+    only when every run finished, "k of n runs finished; <last failure>" when some did not."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(tuple(row.get(k) for k in keys), []).append(row)
@@ -208,7 +209,13 @@ def median_rows(rows: Iterable[dict], keys: Sequence[str]) -> list[dict]:
         ok = [r for r in group if r.get("status") == "ok"]
         m: dict = dict(zip(keys, key, strict=True))
         m["runs"], m["ok_runs"] = len(group), len(ok)
-        m["status"] = "ok" if ok else group[-1].get("status", "failed")
+        failed = [r.get("status", "failed") for r in group if r.get("status") != "ok"]
+        if not failed:
+            m["status"] = "ok"
+        elif ok:  # the medians are of the finished runs only: say so
+            m["status"] = f"{len(ok)} of {len(group)} runs finished; {failed[-1]}"
+        else:
+            m["status"] = failed[-1]
         numeric = sorted(
             {
                 k
@@ -431,7 +438,7 @@ class PeersResult:
                 if m is None:
                     continue
                 row = dict(m)
-                if system == "sdq" and mode == "capped":
+                if system == "sdq" and mode == "capped" and m.get("ok_runs"):
                     row["io_ceiling_tok_s"] = io_ceiling_tok_s(
                         m.get("sdq_ssd_mb_per_token"), self.bandwidth_mb_s
                     )
@@ -483,6 +490,22 @@ class PeersResult:
                     )
         return out
 
+    def pairs(
+        self, mode: str, cap_mb: float | None, peer: str, key: str = "decode_tok_s"
+    ) -> list[tuple[float, float]]:
+        """(peer, sdq) values of `key` from the same repeat (adjacent runs, the order
+        rotating per repeat) wherever both finished: the pairs of the lab's verdict rule."""
+        by: dict[tuple[str, int], float] = {}
+        for r in self.rows:
+            if (r["mode"], r["cap_mb"]) == (mode, cap_mb) and r.get("status") == "ok":
+                v = r.get(key)
+                if isinstance(v, (int, float)) and v == v and v > 0:
+                    by[(r["system"], r["repeat"])] = float(v)
+        repeats = sorted({k[1] for k in by})
+        return [
+            (by[(peer, i)], by[("sdq", i)]) for i in repeats if (peer, i) in by and ("sdq", i) in by
+        ]
+
     def to_dict(self) -> dict:
         return {
             "settings": self.settings,
@@ -518,15 +541,21 @@ def run_peers(
     method: str | None = None,
     bandwidth: tuple[float, str] | None = None,
     copy_model: bool = True,
+    retry_failed: bool = False,
+    systems_at: Mapping[float, Sequence[str]] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> PeersResult:
     """Resident comparison (when `resident`), then every cap; `repeat` rounds of each, the
     systems' order rotating per round; every run a fresh child. Capped runs read a private
-    copy of the model (`copy_model`), dropped from the page cache before each run."""
+    copy of the model (`copy_model`), dropped from the page cache before each run. A system
+    that failed under a cap (a refused budget, an OOM kill) is not run there again unless
+    `retry_failed`: its row then has one run, the failed one. `systems_at` names other capped
+    systems for some caps (e.g. llama-lazy too at one cap), run in the same rotation."""
     settings.validate()
     if repeat < 1:
         raise ParamsError(f"--repeat {repeat} must be >= 1")
-    for s in capped_systems:
+    systems_at = {float(c): tuple(v) for c, v in (systems_at or {}).items()}
+    for s in [*capped_systems, *(x for v in systems_at.values() for x in v)]:
         if s not in CAPPED_SYSTEMS:
             raise ParamsError(f"capped system {s!r}: expected some of {CAPPED_SYSTEMS}")
     for cap in caps_mb:
@@ -563,11 +592,17 @@ def run_peers(
             res.provenance["capped_file"] = "private copy" if copy_model else "the model file"
             for cap in caps_mb:
                 cond = Condition(float(cap), method)
+                failed: set[str] = set()
                 for r in range(repeat):
-                    for system in run_order(list(capped_systems), r):
+                    systems = systems_at.get(float(cap), tuple(capped_systems))
+                    for system in run_order(list(systems), r):
+                        if system in failed and not retry_failed:
+                            continue
                         say(f"{cond.label}, repeat {r + 1}/{repeat}: {system}")
                         res.rows.append(run_one(system, capped, cond, r))
                         say(f"  -> {_brief(res.rows[-1])}")
+                        if res.rows[-1]["status"] != "ok":
+                            failed.add(system)
     res.provenance["loadavg_1min"] = [load0[0], os.getloadavg()[0]]
     mark_same_tokens(res.rows)
     return res
@@ -773,10 +808,131 @@ class _LlamaChild:
         self.llm.close()
 
 
+# -- teacher forcing: the same tokens into both engines --------------------------------------
+
+
+def teacher_forced(
+    settings: PeerSettings, positions: int, progress: Callable[[str], None] | None = None
+) -> dict:
+    """Top-1 agreement of sdq with llama.cpp when both read the same token sequence.
+
+    Free-running greedy decoding cannot measure agreement: on a synthetic model's nearly flat
+    logits the two best tokens often nearly tie, a last-bit difference between the engines
+    picks the other one, and from there each engine reads its own text. Here llama.cpp (a
+    fresh child, weights in RAM, logits of every position) reads the prompt and continues it
+    greedily to `positions` tokens; sdq (another child, every expert resident) and llama.cpp
+    with its default KV cache read exactly those tokens. At every position each gives its
+    logits for the next token.
+
+    Two llama.cpp settings: `llama` keeps its KV cache in F32, as sdq does (so a difference is
+    one of the engines' arithmetic, as in tests/test_llama_parity); `llama_f16kv` keeps
+    llama.cpp's default F16 cache, the setting of the speed runs, which rounds keys and values.
+
+    Returns `status` ("ok" or why not), `positions`, `n_prompt`, `tokens` [N] and, for each
+    reference R in ("llama", "llama_f16kv"), per position: `R_top` (argmax), `R_margin` (its
+    best minus its second logit), `R_max_diff` (max |sdq - R| over the vocabulary), `R_rel_err`
+    (that / max |R logit|), and `R_agree` (positions where sdq's argmax is R's); `sdq_top`.
+    """
+    import tempfile
+
+    import numpy as np
+
+    settings.validate()
+    if not len(settings.prompt_ids) < positions <= settings.ctx:
+        raise ParamsError(
+            f"teacher forcing over {positions} positions: needs more than the prompt's "
+            f"{len(settings.prompt_ids)} tokens and at most -c {settings.ctx}"
+        )
+    say = progress or (lambda msg: None)
+    logits: dict[str, np.ndarray] = {}
+    tokens: list[int] = []
+    with tempfile.TemporaryDirectory(prefix="sdq-teacher-") as tmp:
+        for system in ("llama", "llama_f16kv", "sdq"):  # the first makes the sequence
+            path = str(Path(tmp) / f"{system}.npy")
+            job = {
+                "task": "logits",
+                "system": system,
+                "settings": asdict(settings),
+                "positions": positions,
+                "tokens": tokens,
+                "out": path,
+            }
+            say(f"teacher forcing: {system} over {positions} positions")
+            cmd = [sys.executable, "-m", "sdq.measure.peers", json.dumps(job)]
+            rc, out, err = _spawn(cmd, None, settings)
+            result = _result_line(out)
+            if rc != 0 or result is None or "error" in result:
+                return {"status": f"{system}: {_failure(rc, err, result, 0)}"}
+            tokens = result["tokens"]
+            logits[system] = np.load(path)  # [N, V] float32
+    a = logits["sdq"]
+    found = {
+        "status": "ok",
+        "positions": positions,
+        "n_prompt": len(settings.prompt_ids),
+        "tokens": tokens,
+        "sdq_top": a.argmax(axis=1).tolist(),
+    }
+    for ref in ("llama", "llama_f16kv"):
+        b = logits[ref]
+        best2 = np.sort(np.partition(b, -2, axis=1)[:, -2:], axis=1)  # [N, 2] ascending
+        diff = np.abs(a - b).max(axis=1)  # [N]
+        found[f"{ref}_top"] = b.argmax(axis=1).tolist()
+        found[f"{ref}_agree"] = int((a.argmax(axis=1) == b.argmax(axis=1)).sum())
+        found[f"{ref}_margin"] = (best2[:, 1] - best2[:, 0]).tolist()
+        found[f"{ref}_max_diff"] = diff.tolist()
+        found[f"{ref}_rel_err"] = (diff / np.abs(b).max(axis=1)).tolist()
+    return found
+
+
+def logits_child(job: dict) -> dict:
+    """One engine's logits at every position of the teacher-forced sequence (saved to
+    job["out"] as float32 [N, V]). The first llama.cpp child makes the sequence (the prompt and
+    its greedy continuation); the others read job["tokens"]."""
+    import numpy as np
+
+    st = dict(job["settings"], prompt_ids=tuple(job["settings"]["prompt_ids"]))
+    s = PeerSettings(**st)
+    n = int(job["positions"])
+    tokens = [int(t) for t in job["tokens"]]
+    if job["system"] in ("llama", "llama_f16kv"):
+        from sdq.measure.llama_ref import open_llama
+
+        f32 = 0  # GGML_TYPE_F32
+        kv = {"type_k": f32, "type_v": f32} if job["system"] == "llama" else {}
+        llm = open_llama(
+            s.model, n_ctx=s.ctx, n_ubatch=s.ubatch, threads=s.threads, logits_all=True, **kv
+        )
+        if tokens:
+            llm.eval(tokens)
+        else:
+            tokens = [int(t) for t in s.prompt_ids]
+            llm.eval(tokens)
+            while len(tokens) < n:  # greedy, one token at a time, as generation does
+                tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                llm.eval(tokens[-1:])
+        logits = np.array(llm.scores[:n], dtype=np.float32)  # [N, V]
+        llm.close()
+    else:
+        from sdq.run.session import Session
+
+        session = Session(s.run_settings(resident=True, budget_mib=None))
+        try:
+            engine = session.engine
+            engine.reset()
+            ub = s.ubatch
+            parts = [engine.forward(tokens[i : i + ub], "all") for i in range(0, n, ub)]
+            logits = np.concatenate(parts).astype(np.float32)  # [N, V]
+        finally:
+            session.close()
+    np.save(job["out"], logits)
+    return {"tokens": tokens}
+
+
 def _child_entry(argv: list[str]) -> int:
     job = json.loads(argv[0])
     try:
-        result = child_main(job)
+        result = logits_child(job) if job.get("task") == "logits" else child_main(job)
     except Exception as exc:  # reported to the parent as this run's status
         from sdq.errors import SdqError
 
