@@ -340,8 +340,17 @@ def test_reread_mean_ratio_interval_brackets_the_ratio():
     r = Reread("f", 60, 1.0, 0.2, 1.0, sum(a) / 60, 0.2, 0.2, 0.2, a, b)
     lo, hi = r.mean_ratio_interval()
     assert 1 < lo <= r.mean_ratio <= hi
+    assert r.slower_share == pytest.approx(10 / 60)  # ties are not "slower"
     same = Reread("f", 60, 1.0, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, b, b)
     assert same.mean_ratio_interval() == (1.0, 1.0)
+    # every first read slower by a little: the share sees it, whatever the tails do
+    c = tuple(x + 0.01 for x in b)
+    r = Reread("f", 60, 1.0, 0.21, 0.21, 0.21, 0.2, 0.2, 0.2, c, b)
+    assert r.slower_share == 1.0 and r.slower_share_interval() == (1.0, 1.0)
+    alternate = tuple(0.3 if i % 2 else 0.1 for i in range(60))
+    r = Reread("f", 60, 1.0, 0.2, 0.3, 0.2, 0.2, 0.2, 0.2, alternate, b)
+    lo, hi = r.slower_share_interval()
+    assert r.slower_share == 0.5 and lo < 0.5 < hi
 
 
 def test_reread_reads_the_same_blocks_twice(disk_dir):
@@ -377,3 +386,21 @@ def test_engine_split_sweep_in_the_pagers_split_mode(tiny_model):
                           split_threads=3)  # fmt: skip
     assert {c.threads for c in fixed.splits} == {3}
     assert engine_vs_fio(tiny_model, (1,), layers=1, repeat=1, fio=False, splits=()).splits == []
+
+
+def test_a_profile_with_unmeasured_columns_is_saved_as_json(tiny_model, tmp_path):
+    """Engine cells without fio hold NaN; the saved profile holds null there (valid JSON)."""
+    from sdq.measure.probe import profile_from, run_probe, settings_for_model
+    from sdq.measure.probe_engine import engine_vs_fio
+    from sdq.paging.io_profile import write_io_profile
+
+    settings = settings_for_model(tiny_model, threads=(1, 2), reads=4, splits=(1,), repeat=1)
+    result = run_probe(settings)
+    engine = engine_vs_fio(tiny_model, (1, 2), layers=1, repeat=1, fio=False, splits=(1, 2))
+    out = tmp_path / "io.json"
+    write_io_profile(out, profile_from(result, engine))
+    saved = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert saved["measured"]["basis"] == "engine"
+    assert saved["measured"]["engine"][0]["fio_mb_s"] is None
+    assert [c["split"] for c in saved["measured"]["engine_split"]] == [1, 2]
+    assert load_io_profile(out).io_threads in (1, 2)

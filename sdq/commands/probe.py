@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -281,28 +280,19 @@ def format_engine(eng) -> str:
     return "\n".join(lines)
 
 
-def _finite(d):
-    """`d` with every non-finite float (NaN: not measured) as None, which JSON can hold."""
-    if isinstance(d, dict):
-        return {k: _finite(v) for k, v in d.items()}
-    if isinstance(d, list | tuple):
-        return [_finite(v) for v in d]
-    if isinstance(d, float) and not math.isfinite(d):
-        return None
-    return d
-
-
 def engine_dict(eng) -> dict:
     from dataclasses import asdict
+
+    from sdq.measure.probe import finite
 
     d = asdict(eng)
     for cell, c in zip(d["cells"], eng.cells, strict=True):
         cell.update(arena_over_fio=c.arena_over_fio, one_slot_over_fio=c.one_slot_over_fio)
-    return _finite(d)
+    return finite(d)
 
 
 def run(args) -> int:
-    from sdq.measure.probe import profile_from, recommend, run_probe
+    from sdq.measure.probe import finite, profile_from, recommend, run_probe
     from sdq.paging.io_profile import write_io_profile
 
     settings = settings_from_args(args)
@@ -330,7 +320,7 @@ def run(args) -> int:
     if profile_out is not None:
         write_io_profile(profile_out, profile_from(result, eng))
     if args.json:
-        out = _finite(result.to_dict(eng))
+        out = finite(result.to_dict(eng))
         if eng is not None:
             out["engine"] = engine_dict(eng)
         if profile_out is not None:

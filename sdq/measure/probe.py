@@ -553,14 +553,30 @@ class Reread:
         """Mean latency of the first reads / of the second reads of the same blocks."""
         return self.first_mean_ms / self.second_mean_ms
 
+    @property
+    def slower_share(self) -> float:
+        """Share of the blocks whose first read took longer than their second. Without a cache
+        below the machine the two reads of a block are alike and the share is 1/2 (the reads
+        alternate in time, so a busier or quieter machine does not favour either)."""
+        a, b = np.asarray(self.first_ms), np.asarray(self.second_ms)  # [N], [N]
+        return float(np.mean(a > b))
+
     def mean_ratio_interval(self, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
         """95 % percentile bootstrap interval of `mean_ratio`, resampling blocks (a block's two
         reads stay together): a low end above 1 means the first reads were slower."""
+        return self._interval(lambda a, b: a.mean(axis=1) / b.mean(axis=1), resamples, seed)
+
+    def slower_share_interval(self, resamples: int = 10_000, seed: int = 0):
+        """95 % percentile bootstrap interval of `slower_share`, resampling blocks: a low end
+        above 1/2 means first reads are slower more often than chance: a cache below."""
+        return self._interval(lambda a, b: (a > b).mean(axis=1), resamples, seed)
+
+    def _interval(self, stat, resamples: int, seed: int) -> tuple[float, float]:
         a, b = np.asarray(self.first_ms), np.asarray(self.second_ms)  # [N], [N]
         idx = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
-        ratios = np.sort(a[idx].mean(axis=1) / b[idx].mean(axis=1))  # [resamples]
+        values = np.sort(stat(a[idx], b[idx]))  # [resamples]
         tail = round(resamples * 0.025)
-        return float(ratios[tail - 1]), float(ratios[resamples - tail])
+        return float(values[tail - 1]), float(values[resamples - tail])
 
 
 def reread_order(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -970,5 +986,17 @@ def profile_from(result: ProbeResult, engine=None) -> IOProfile:
         io_split=rec.io_split,
         cache_mode=result.cache_mode,
         device=dict(result.storage, label=result.storage_label),
-        measured=json.loads(json.dumps(measured)),  # as saved: tuples are lists
+        measured=json.loads(json.dumps(finite(measured))),  # as saved: lists, None for NaN
     )
+
+
+def finite(obj):
+    """`obj` (dicts, lists, tuples, numbers) with every non-finite float — NaN: not measured —
+    as None, which JSON can hold; tuples become lists."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
