@@ -87,7 +87,7 @@ class Settings:
     # layer-miss (T3)
     layer_miss_misses: tuple[int, ...] = (1, 2, 4, 8)  # experts of the layer missing
     layer_miss_modes: tuple[str, ...] = ("serial", "parallel")
-    layer_miss_io_threads: tuple[int, ...] = (8, 24)
+    layer_miss_io_threads: tuple[int, ...] = (8, 16, 24)
     layer_miss_repeat: int = 31  # the benchmark's own repetitions per run
     # profile (T11)
     profile_io_modes: tuple[str, ...] = PROFILE_IO_MODES
