@@ -6,7 +6,8 @@ Adding a notebook `NN_topic`:
    `parameters` (first code cell) with `params_name = "scratch"`, `model_path = ""` and the
    notebook's own defaults; commit it without outputs.
 2. In it, `out = Outputs("NN_topic", params_name)`, then `out.table("T5", df, title=..., note=...)`,
-   `out.chart("name", altair_chart)` and `out.value("name", number)` for figures quoted in prose;
+   `out.chart("name", altair_chart, alt="what the chart shows")` and `out.value("name",
+   number)` for figures quoted in prose;
    each seed claim the notebook tests is judged by the lab's one rule and recorded with
    `out.verdict(claim, judge(claim, pairs, why=...))` (sdq.lab.verdict).
 3. params/default.yaml and params/smoke.yaml: a section `NN_topic: {param: value, ...}`

@@ -30,7 +30,8 @@ CATALOGUE = (
     TableSpec(
         "T3",
         "000 §2",
-        "one layer, 8 experts all miss: serial×8 threads vs segment-parallel×16 / ×24",
+        "one layer, 1, 2, 4 and 8 experts missing: serial×8 threads vs "
+        "segment-parallel×16 / ×24, paired repetitions",
         "03",
     ),
     TableSpec(
@@ -43,7 +44,7 @@ CATALOGUE = (
     TableSpec(
         "T5",
         "000 §4.1, 003",
-        "split sweep (1,2,3,4,6,8) × I/O threads; with expert I/O "
+        "split sweep (1,2,4,8) on a cold and a warm page cache; with expert I/O "
         "ms, compute ms, total ms per token, TTFT",
         "03",
     ),

@@ -1,6 +1,6 @@
 """`sdq bench NAME ...`: one subcommand per benchmark module in sdq.commands.bench.
 
-layer-miss  one layer, every expert a miss: serial vs parallel vs split reads (table T3)
+layer-miss  one layer, 1-8 experts missing: serial vs parallel vs split reads (table T3)
 resident    sdq vs llama.cpp with everything in RAM
 peers       sdq vs llama.cpp under the same memory cap
 A benchmark whose module is not in this build is left out.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 BENCHMARKS = {
-    "layer-miss": "one layer, all experts miss: read time and GB/s per I/O mode (T3)",
+    "layer-miss": "one layer, 1-8 experts missing: read time and GB/s per I/O mode (T3)",
     "resident": "sdq vs llama.cpp, everything resident in RAM",
     "peers": "sdq vs llama.cpp under the same memory cap (T12)",
 }
