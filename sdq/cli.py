@@ -8,6 +8,7 @@ top-level imports light (numba, pandas and friends are imported inside `run`), s
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from sdq import __version__
@@ -39,7 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cap_native_threads() -> None:
+    """One OpenBLAS thread unless the environment says otherwise; must run before NumPy loads.
+    sdq calls the BLAS for at most one matrix-vector product per decode layer (an F32 router);
+    OpenBLAS would start a thread per core at load, each with its own stack and buffer: address
+    space the memory plan would have to hold (sdq.run.plan)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
+    cap_native_threads()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

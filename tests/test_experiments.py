@@ -194,6 +194,13 @@ def test_summary_counts_crashes_and_takes_medians_of_ok_runs_only():
             0,
             ("refused", "PlanError"),
         ),
+        (
+            1,
+            "Traceback ...\nRuntimeError: can't start new thread",
+            False,
+            0,
+            ("crashed", "thread not started"),
+        ),
         (3, "boom", False, 0, ("crashed", "exit status")),
         (-9, "", True, 0, ("timeout", "timeout")),
     ],
@@ -210,7 +217,7 @@ def test_a_run_past_rlimit_data_is_a_recorded_row_not_a_failed_sweep(tiny_model,
     journal = Journal(tmp_path / "memory.jsonl")
     (row,) = run_sweep([crash], 1, journal, progress=False, timeout_s=120)
     assert row["status"] == "crashed"
-    kinds = ("MemoryError", "out of memory", "std::bad_alloc", "exit status", "signal")
+    kinds = ("MemoryError", "out of memory", "std::bad_alloc", "thread not started", "exit status")
     assert row["error_kind"] in kinds, row["error"]
     assert row["error"] and "\n" not in row["error"]
     assert row["limit_method"] == "rlimit_data" and row["limit_mb"] == 120
@@ -261,7 +268,7 @@ def test_cli_takes_suite_settings_from_the_notebook_sections(tmp_path):
     params = tmp_path / "p.yaml"
     params.write_text(
         "03_io_ab:\n  n_predict: 6\n  io_threads: [2, 4]\n  split_repeat: 1\n"
-        "04_memory_sweep:\n  ctx: 1024\n  limits: [cgroup]\n  reserves_mb: [0, 32]\n"
+        "04_memory_sweep:\n  ctx: 1024\n  limits: [cgroup]\n  operating_fraction: 0.4\n"
     )
     p = argparse.ArgumentParser()
     cmd.add_arguments(p)
@@ -270,7 +277,7 @@ def test_cli_takes_suite_settings_from_the_notebook_sections(tmp_path):
     io = cmd._settings(args, "io")
     assert (io.n_predict, io.io_threads) == (6, (2, 4))
     mem = cmd._settings(args, "memory")
-    assert (mem.memory_ctx, mem.limits, mem.reserves_mb) == (1024, ("cgroup",), (0, 32))
+    assert (mem.memory_ctx, mem.limits, mem.operating_fraction) == (1024, ("cgroup",), 0.4)
     args = p.parse_args([*base, "--limit", "rlimit_data", "--repeat", "5"])
     mem = cmd._settings(args, "memory")
     assert (mem.limits, mem.reserve_limit, mem.repeat) == (("rlimit_data",), "rlimit_data", 5)
@@ -372,3 +379,97 @@ def test_io_suites_label_prefetch_and_page_cache_and_pass_them_on(tiny_model, tm
         s.replace(ab_prefetch=("sometimes",))
     with pytest.raises(ParamsError, match="split_cache"):
         s.replace(split_cache=("lukewarm",))
+
+
+def _memory_builder(tiny_model, tmp_path, **kw):
+    """A SuiteBuilder for the memory suites with a calibration written beforehand (no run)."""
+    from sdq.measure.experiments.suites import SuiteBuilder
+    from sdq.units import MIB
+
+    s = Settings(memory_ctx=1024, limits=("rlimit_data", "cgroup"), threads=2, **kw)
+    size = tiny_model.stat().st_size
+    tag = f"{tiny_model.name}:{size}:t{s.threads}:v2"
+    cal = {tag: {"rss_bytes": 250 * MIB, "data_bytes": 180 * MIB}}
+    (tmp_path / "calibration.json").write_text(json.dumps(cal))
+    return SuiteBuilder(str(tiny_model), s, tmp_path, progress=False)
+
+
+def _flag(config, name):
+    return float(next(a for a in config.args if a.startswith(name)).split("=", 1)[1])
+
+
+def test_memory_suite_gives_the_seeds_sizing_the_reserve_that_fits_its_ubatch(tiny_model, tmp_path):
+    """T9: plan and seed sizing at every ubatch under each limit, one budget and reserve; the
+    seed's sizing passes the plan reserve R - (what its arithmetic leaves out), so its arena is
+    "budget - RSS now - R"; R is what the seed's sizing needs at fit_ubatch in data segment."""
+    from sdq.run.plan import plan_memory
+
+    b = _memory_builder(tiny_model, tmp_path, ubatches=(32, 64), fit_ubatch=32)
+    configs = b.memory()
+    assert [c.label for c in configs] == [
+        f"{z} ub{u} {m}"
+        for m in ("rlimit_data", "cgroup")
+        for z in ("plan", "seed")
+        for u in (32, 64)
+    ]
+    reserve, budget = b.t9_reserve_mb(), b.memory_budget_mb()
+    assert reserve == max(b.sizing(32).data_fit_mb, 0.0)
+    for c in configs:
+        meta = c.meta_dict
+        assert _flag(c, "--ram-budget-mb") == pytest.approx(budget, abs=1e-3)
+        assert c.limit.limit_mb == pytest.approx(budget)
+        z = b.sizing(meta["ubatch"])
+        expect = reserve if meta["sizing"] == "plan" else reserve - z.left_out_mb
+        assert _flag(c, "--reserve-mb") == pytest.approx(expect, abs=1e-3)
+        if meta["sizing"] == "seed":  # the seed's arithmetic: budget - RSS now - dense - R
+            plan = plan_memory(
+                b.m,
+                budget,
+                1024,
+                meta["ubatch"],
+                reserve_mb=_flag(c, "--reserve-mb"),
+                rss_now=b.cal.process,
+                cache_mode=b.s.cache_mode,
+                io_threads=3 * b.s.threads,
+                compute_threads=b.s.threads,
+            )
+            arena = (budget - z.rss_mb - reserve) * 2**20 - plan.dense_bytes
+            assert abs(plan.slots * plan.per_slot_bytes - arena) < plan.per_slot_bytes
+    (need,) = b.memory_need()
+    assert need.meta_dict["sizing"] == "seed" and need.meta_dict["ubatch"] == 64
+    assert need.limit.method == "cgroup" and need.key == configs[-1].key  # T9's own run
+
+
+def test_reserve_suite_turns_the_seeds_three_reserves_into_slot_counts(tiny_model, tmp_path):
+    """T10's arms leave the seed's 2039 : 1936 : 1808 slots (reserve 700, 900, 1150 MB) at one
+    budget, 1936 being operating_fraction of the experts; reserve 0 is the 700 MB arm."""
+    from sdq.measure.experiments.suites import SEED_RESERVE_SLOTS
+    from sdq.run.plan import plan_memory
+
+    b = _memory_builder(tiny_model, tmp_path, operating_fraction=1.0)
+    arms = b.arena_arms()
+    slots = b.operating_slots()
+    base = b.cal.n_experts
+    assert slots == {r: round(base * n / 1936) for r, n in SEED_RESERVE_SLOTS}
+    assert _flag(arms[0], "--reserve-mb") == 0.0
+    for c in arms:
+        plan = plan_memory(
+            b.m,
+            _flag(c, "--ram-budget-mb"),
+            1024,
+            b.s.ubatch,
+            reserve_mb=_flag(c, "--reserve-mb"),
+            rss_now=b.cal.process,
+            cache_mode=b.s.cache_mode,
+            io_threads=3 * b.s.threads,
+            compute_threads=b.s.threads,
+        )
+        assert plan.slots == c.meta_dict["target_slots"] == slots[c.meta_dict["seed_reserve_mb"]]
+    seeds = b.seed_reserve_rows()
+    fit = b.sizing(b.s.ubatch).data_fit_mb
+    expect = [(0.0, "rlimit_data")] + ([(fit, "rlimit_data")] if fit > 0 else [])
+    assert [(c.meta_dict["reserve_mb"], c.limit.method) for c in seeds] == [
+        *expect,
+        (0.0, "cgroup"),
+    ]
+    assert [c.label for c in b.reserve()] == [c.label for c in arms + seeds]

@@ -11,7 +11,20 @@ from sdq.cli import main
 from sdq.errors import PlanError
 from sdq.paging.cache import POLICIES, CacheSettings, ExpertCache
 from sdq.paging.reads import SlotLayout
-from sdq.run.plan import IO_THREAD_STACK_BYTES, SLOT_META_BYTES, plan_memory
+from sdq.run.plan import (
+    IO_THREAD_STACK_BYTES,
+    PAGE,
+    RUN_OBJECTS_BYTES,
+    SLOT_META_BYTES,
+    THREAD_EXTRA_BYTES,
+    ProcessSize,
+    pages,
+    plan_memory,
+    process_now,
+    start_runtime,
+    thread_stack_bytes,
+    transient_bytes,
+)
 from sdq.run.workspace import workspace_bytes
 from sdq.units import MIB
 
@@ -24,16 +37,64 @@ def model(tmp_path_factory):
 def test_slots_fill_what_is_left(model):
     plan = plan_memory(model, 64, n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=20 * MIB)
     ws = workspace_bytes(model.spec, 256, 16)
-    assert plan.kv_bytes == ws["k_cache"] + ws["v_cache"]
-    assert plan.kv_bytes + plan.compute_bytes == sum(ws.values())
-    assert plan.pager_bytes == 8 * IO_THREAD_STACK_BYTES
-    assert plan.dense_bytes == model.dense_bytes and plan.rss_bytes == 20 * MIB
-    fixed = 20 * MIB + model.dense_bytes + sum(ws.values()) + plan.pager_bytes + 8 * MIB
+    assert plan.kv_bytes == pages(ws["k_cache"]) + pages(ws["v_cache"])
+    assert plan.kv_bytes + plan.compute_bytes == sum(pages(b) for b in ws.values())
+    assert plan.pager_bytes == 8 * IO_THREAD_STACK_BYTES + PAGE
+    assert plan.dense_bytes == pages(model.dense_bytes) and plan.rss_bytes == 20 * MIB
+    assert plan.transient_bytes == transient_bytes(model.spec, 16, 1) > RUN_OBJECTS_BYTES
+    assert plan.thread_bytes == 0  # one compute thread: no prefill workers to start
+    fixed = (
+        20 * MIB
+        + plan.dense_bytes
+        + plan.kv_bytes
+        + plan.compute_bytes
+        + plan.transient_bytes
+        + plan.pager_bytes
+        + 8 * MIB
+    )
     assert plan.fixed_bytes == fixed
     per_slot = plan.slot_bytes + SLOT_META_BYTES
     assert plan.slots == (64 * MIB - fixed) // per_slot
     assert 0 <= plan.left_bytes < per_slot
     assert plan.slot_bytes == SlotLayout.for_table(model.experts, "pagecache").slot_bytes
+    assert plan.growth_bytes == fixed - 20 * MIB + plan.slots * per_slot
+
+
+def test_the_process_is_the_larger_of_resident_and_data_with_thread_stacks(model):
+    """The process counted is its resident set, or its data segment plus the stacks of the
+    prefill workers still to start, whichever is larger (RSS and RLIMIT_DATA both held)."""
+    kw = dict(n_ctx=256, n_ubatch=16, reserve_mb=8, compute_threads=3)
+    stacks = 3 * (thread_stack_bytes() + THREAD_EXTRA_BYTES)
+    resident = plan_memory(model, 512, rss_now=ProcessSize(200 * MIB, 100 * MIB), **kw)
+    assert resident.thread_bytes == stacks and resident.process_bytes == 200 * MIB
+    assert resident.process_basis == "resident"
+    data = plan_memory(model, 512, rss_now=ProcessSize(100 * MIB, 200 * MIB), **kw)
+    assert data.process_bytes == 200 * MIB + stacks and data.process_basis == "data"
+    assert data.slots < resident.slots
+    assert data.fixed_bytes - resident.fixed_bytes == stacks
+
+
+def test_a_new_threads_stack_is_what_the_plan_counts_for_it():
+    """thread_stack_bytes() is the data segment a new thread adds (its stack), to within the
+    extra the plan counts per thread."""
+    import threading
+
+    start_runtime()  # one malloc arena: the thread allocates from the main one
+    release = threading.Event()
+    before = process_now().data
+    t = threading.Thread(target=release.wait)
+    t.start()
+    try:
+        grown = process_now().data - before
+    finally:
+        release.set()
+        t.join()
+    assert thread_stack_bytes() <= grown <= thread_stack_bytes() + THREAD_EXTRA_BYTES
+
+
+def test_transient_arrays_grow_with_the_ubatch(model):
+    small, large = (transient_bytes(model.spec, t, 2) for t in (16, 512))
+    assert RUN_OBJECTS_BYTES < small < large
 
 
 def test_direct_slots_are_page_aligned_and_larger(model):
@@ -79,9 +140,12 @@ def test_the_cache_opens_at_the_plans_minimum(model, policy, prefetch):
         plan_memory(model, minimum_mb - 1, **kw)
 
 
-def test_rss_is_measured_when_not_given(model):
+def test_the_process_is_measured_when_not_given(model):
+    """A real plan starts the runtime first and then measures both figures of this process."""
     plan = plan_memory(model, 4096, 256, 16, reserve_mb=8)
-    assert 1 * MIB < plan.rss_bytes < 4096 * MIB
+    assert 1 * MIB < plan.rss_bytes < 4096 * MIB and 1 * MIB < plan.data_bytes < 4096 * MIB
+    now = process_now()
+    assert abs(now.data - plan.data_bytes) < 16 * MIB  # measured after the runtime started
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +160,15 @@ def test_plan_command_table_json_and_error(gguf_model, capsys):
     args = ["plan", str(gguf_model), "--ram-budget-mb", "2000", "-c", "256", "-b", "16"]
     assert main([*args, "--reserve-mb", "10"]) == 0
     out = capsys.readouterr().out
-    items = ("RSS now", "dense weights", "KV cache", "compute buffers", "reserve", "expert arena")
+    items = (
+        "process now",
+        "dense weights",
+        "KV cache",
+        "compute buffers",
+        "transient arrays",
+        "reserve",
+        "expert arena",
+    )
     for item in (*items, "minimum"):
         assert item in out
     assert main([*args, "--reserve-mb", "10", "--cache-mode", "direct", "--json"]) == 0

@@ -218,6 +218,8 @@ def classify(
         # sdq refused the settings with its one-line error (a PlanError: budget too small)
         kind = "PlanError" if "RAM budget" in last else "refused"
         return "refused", kind, last.split(": error: ", 1)[1]
+    if "can't start new thread" in stderr:  # pthread_create refused: its stack did not fit
+        return "crashed", "thread not started", last
     if "MemoryError" in stderr:
         line = next(
             (ln.strip() for ln in reversed(stderr.splitlines()) if "MemoryError" in ln), last

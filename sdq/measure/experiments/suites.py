@@ -7,7 +7,12 @@
     split       T5   split 1, 2, 4, 8 x I/O thread counts x page cache cold / warm (000 §4.1, 003)
     profile     T11  `sdq chat --profile`: ms per token per op category, serial and parallel
     memory      T9   ubatch sweep under a RAM limit, plan-based vs the seed's sizing (000 §5.1)
-    reserve     T10  reserve sweep at a fixed budget: slots, peak RSS vs budget, tok/s (000 §5.2)
+    reserve     T10  the seed's three reserves at a fixed budget: slots, peak RSS vs budget,
+                     tok/s (000 §5.2, §6), and the seed's sizing at reserve 0 and at the
+                     reserve that just fits
+Notebook 04 also runs, through `run_sweep`, the paired runs its verdicts need:
+`memory_need` (the data segment the seed's sizing reaches with no limit), `ubatch_pairs`
+(prefill at two ubatches) and `arena_arms` (the three reserves of T10, repeated).
 
 Every chat run generates the same tokens from the same prompt (greedy, --ignore-eos), with the
 same threads and seed. The I/O suites (`ROTATED_SUITES`) rotate and reverse their order from
@@ -24,10 +29,21 @@ plan leaves that many slots, computed with the RSS a chat process has when it pl
 once per model by a calibration run).
 
 The seed's sizing (000 §5): the arena was "budget - RSS now - reserve", taken before the KV cache
-and the compute buffer existed, which then grew past the budget. sdq's plan counts both first.
-The seed's sizing with reserve R is the plan with reserve R - KV - compute (the arithmetic is
-identical), so the memory and reserve suites run it through `sdq chat --reserve-mb` with that
-value: no special engine mode is needed to reproduce it.
+and the compute buffer existed, which then grew past the budget. sdq's plan counts both first,
+and the transient arrays, the pager's stacks and the data segment besides (sdq.run.plan). The
+seed's sizing with reserve R is the plan with reserve R - (what the seed's arithmetic leaves out:
+KV + compute + transient + pager, and the plan's process figure less the resident set), so the
+memory and reserve suites run it through `sdq chat --reserve-mb` with that value: no special
+engine mode is needed to reproduce it (`Sizing.plan_reserve_mb`).
+
+T9's reserve is the one the seed's sizing needs at `fit_ubatch` (128: the seed's ubatch that ran)
+under RLIMIT_DATA, by the plan's own count (`Sizing.data_fit_mb`): with it the seed's sizing has
+room for that ubatch's buffers and not for a larger one's, as in the seed's table; the plan's
+sizing gets the same reserve as head room, and T9's budget is the one at which the plan leaves
+`arena_fraction` of the experts as slots at the largest ubatch. T10's reserves are the seed's
+three (700, 900, 1150 MB) turned into this model's slots: reserve 0 leaves 2039/1936 x S slots,
+the other two S and 1808/1936 x S, S being `operating_fraction` of the experts (where the hit
+rate is ~70 %, the seed's operating point).
 """
 
 from __future__ import annotations
@@ -49,6 +65,8 @@ ROTATED_SUITES = ("io", "threads", "split", "profile")  # order rotated by one e
 PREFETCH = ("off", "on")  # off: --prefetch-next 0; on: the engine's default
 PAGE_CACHE = ("cold", "warm")  # the split suite's page-cache conditions (see the docstring)
 SIZINGS = ("plan", "seed")
+# seed 000 §5.2: arena slots at reserve 700, 900 and 1150 MB under the 8 GB budget
+SEED_RESERVE_SLOTS = ((700, 2039), (900, 1936), (1150, 1808))
 # the I/O modes the profile suite compares: split needs a piece count and has its own suite
 PROFILE_IO_MODES = tuple(m for m in MODES if m != "split")
 DEFAULT_PROMPT = "Explain in three sentences how SSD, RAM and CPU caches form a memory hierarchy."
@@ -96,10 +114,12 @@ class Settings:
     reserve_limit: str = "rlimit_data"  # RAM limit method of reserve runs
     sizings: tuple[str, ...] = SIZINGS
     memory_ctx: int = 4096  # context of memory and reserve runs (the seed's)
-    ubatches: tuple[int, ...] = (32, 128, 512, 2048)
+    ubatches: tuple[int, ...] = (128, 256, 512)
+    fit_ubatch: int = 128  # T9's reserve: what the seed's sizing needs at this ubatch
+    pair_ubatches: tuple[int, ...] = (128, 512)  # prefill A/B (ubatch_pairs)
     long_prompt_repeat: int = 24  # the memory suite's prompt: `prompt` this many times
     memory_n_predict: int = 4
-    reserves_mb: tuple[int, ...] = (0, 32, 64, 128, 256)
+    operating_fraction: float = 0.5  # T10: arena slots / all experts at the 900 MB analog
 
     @classmethod
     def from_mapping(cls, m: dict, strict: bool = True) -> Settings:
@@ -134,6 +154,11 @@ class Settings:
             (self.reserve_limit in METHODS, f"reserve_limit {self.reserve_limit!r}: {METHODS}"),
             (set(self.sizings) <= set(SIZINGS), f"sizings {self.sizings}: plan, seed"),
             (0 < self.arena_fraction <= 1, f"arena_fraction {self.arena_fraction}: in (0, 1]"),
+            (
+                0 < self.operating_fraction <= 1,
+                f"operating_fraction {self.operating_fraction}: in (0, 1]",
+            ),
+            (len(self.pair_ubatches) == 2, f"pair_ubatches {self.pair_ubatches}: two ubatches"),
             (self.repeat >= 1, f"repeat {self.repeat}: >= 1"),
             (self.n_predict >= 2, f"n_predict {self.n_predict}: >= 2 (one decode step)"),
             (
@@ -164,12 +189,21 @@ class Settings:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What a chat process is when it plans: RSS then, and the model's fixed terms."""
+    """What a chat process is when it plans (its resident set and data segment then, runtime
+    started: sdq.run.plan), and the model's fixed terms."""
 
     rss_bytes: int
     model_bytes: int
     n_experts: int  # routed experts in all layers (L x E)
     n_expert_used: int
+    data_bytes: int = 0  # 0: not measured, taken as rss_bytes
+
+    @property
+    def process(self):
+        """The figures as sdq.run.plan.ProcessSize, for plan_memory(rss_now=...)."""
+        from sdq.run.plan import ProcessSize
+
+        return ProcessSize(self.rss_bytes, self.data_bytes or self.rss_bytes)
 
 
 def calibrate(model: str, s: Settings, cache_dir: Path, progress: bool = True) -> Calibration:
@@ -181,7 +215,7 @@ def calibrate(model: str, s: Settings, cache_dir: Path, progress: bool = True) -
     table = m.require_experts()
     size = os.path.getsize(model)
     path = Path(cache_dir) / "calibration.json"
-    tag = f"{Path(model).name}:{size}:t{s.threads}"
+    tag = f"{Path(model).name}:{size}:t{s.threads}:v2"  # v2: resident and data segment
     cached = json.loads(path.read_text()) if path.exists() else {}
     if tag not in cached:
         if progress:
@@ -189,14 +223,15 @@ def calibrate(model: str, s: Settings, cache_dir: Path, progress: bool = True) -
         cached[tag] = _calibration_run(model, s, m)
         atomic.write_json(path, cached)
     return Calibration(
-        rss_bytes=int(cached[tag]),
+        rss_bytes=int(cached[tag]["rss_bytes"]),
         model_bytes=size,
         n_experts=len(table.layers) * table.n_expert,
         n_expert_used=int(m.spec.n_expert_used),
+        data_bytes=int(cached[tag]["data_bytes"]),
     )
 
 
-def _calibration_run(model: str, s: Settings, m) -> int:
+def _calibration_run(model: str, s: Settings, m) -> dict:
     import subprocess
     import sys
 
@@ -213,7 +248,8 @@ def _calibration_run(model: str, s: Settings, m) -> int:
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ParamsError(f"calibration chat on {model} failed: {last}")
-    return int(json.loads(p.stdout)["settings"]["plan"]["rss_bytes"])
+    plan = json.loads(p.stdout)["settings"]["plan"]
+    return {"rss_bytes": int(plan["rss_bytes"]), "data_bytes": int(plan["data_bytes"])}
 
 
 def budget_mb(
@@ -224,6 +260,7 @@ def budget_mb(
     reserve_mb: float,
     io_threads: int,
     ctx: int | None = None,
+    ubatch: int | None = None,
 ) -> float:
     """The budget (MiB) for which the plan of a chat process leaves `slots` slots."""
     from sdq.run.plan import plan_memory
@@ -232,14 +269,74 @@ def budget_mb(
         model_obj,
         1e7,
         ctx or s.ctx,
-        s.ubatch,
+        ubatch or s.ubatch,
         reserve_mb=reserve_mb,
-        rss_now=cal.rss_bytes,
+        rss_now=cal.process,
         cache_mode=s.cache_mode,
         io_threads=io_threads,
         compute_threads=s.threads,
     )
     return (plan.budget_for_slots(slots) + plan.per_slot_bytes // 2) / MIB
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The plan's terms at one ubatch for a calibrated process, in MiB (sdq.run.plan)."""
+
+    kv_mb: float
+    compute_mb: float
+    transient_mb: float
+    pager_mb: float
+    rss_mb: float  # resident set when planning
+    data_mb: float  # data segment when planning
+    thread_mb: float  # stacks of the threads still to start
+    process_mb: float  # what the plan counts for the process: max(rss, data + threads)
+    per_slot_mb: float
+
+    @classmethod
+    def of(cls, plan) -> Sizing:
+        return cls(
+            kv_mb=plan.kv_bytes / MIB,
+            compute_mb=plan.compute_bytes / MIB,
+            transient_mb=plan.transient_bytes / MIB,
+            pager_mb=plan.pager_bytes / MIB,
+            rss_mb=plan.rss_bytes / MIB,
+            data_mb=plan.data_bytes / MIB,
+            thread_mb=plan.thread_bytes / MIB,
+            process_mb=plan.process_bytes / MIB,
+            per_slot_mb=plan.per_slot_bytes / MIB,
+        )
+
+    @property
+    def left_out_mb(self) -> float:
+        """What the seed's "budget - RSS now - reserve" does not count and the plan does."""
+        return (
+            self.kv_mb
+            + self.compute_mb
+            + self.transient_mb
+            + self.pager_mb
+            + self.process_mb
+            - self.rss_mb
+        )
+
+    @property
+    def data_fit_mb(self) -> float:
+        """The reserve with which the seed's sizing keeps the data segment inside the budget
+        (RLIMIT_DATA's count): what it leaves out there, less the resident pages (file
+        mappings) that RSS counts and the data segment does not."""
+        return (
+            self.kv_mb
+            + self.compute_mb
+            + self.transient_mb
+            + self.pager_mb
+            + self.data_mb
+            + self.thread_mb
+            - self.rss_mb
+        )
+
+    def plan_reserve_mb(self, sizing: str, reserve_mb: float) -> float:
+        """`sdq chat --reserve-mb` for `sizing` with the seed's reserve `reserve_mb`."""
+        return reserve_mb if sizing == "plan" else reserve_mb - self.left_out_mb
 
 
 def target_slots(cal: Calibration, s: Settings) -> int:
@@ -433,24 +530,71 @@ class SuiteBuilder:
 
     # memory suites ------------------------------------------------------------------------
 
+    def sizing(self, ubatch: int) -> Sizing:
+        """What the plan counts at `ubatch` (memory_ctx, the calibrated process)."""
+        from sdq.run.plan import plan_memory
+
+        s = self.s
+        plan = plan_memory(
+            self.m,
+            1e7,
+            s.memory_ctx,
+            ubatch,
+            reserve_mb=0.0,
+            rss_now=self.cal.process,
+            cache_mode=s.cache_mode,
+            io_threads=3 * s.threads,
+            compute_threads=s.threads,
+        )
+        return Sizing.of(plan)
+
+    def t9_reserve_mb(self) -> float:
+        """T9's reserve: what the seed's sizing needs at `fit_ubatch` under RLIMIT_DATA."""
+        return max(self.sizing(self.s.fit_ubatch).data_fit_mb, 0.0)
+
     def memory_budget_mb(self) -> float:
-        """The budget of the memory and reserve suites: `arena_fraction` of the experts as slots
-        with plan-based sizing at the default ubatch and reserve (the parallel default I/O)."""
+        """T9's budget: the plan's sizing at T9's largest ubatch, with T9's reserve, leaves
+        `arena_fraction` of the experts as slots (smaller ubatches leave more)."""
         s = self.s
         slots = target_slots(self.cal, s)
-        return budget_mb(self.m, self.cal, s, slots, s.reserve_mb, 3 * s.threads, s.memory_ctx)
+        largest = max([u for u in s.ubatches if u <= s.memory_ctx] or [s.fit_ubatch])
+        return budget_mb(
+            self.m,
+            self.cal,
+            s,
+            slots,
+            self.t9_reserve_mb(),
+            3 * s.threads,
+            s.memory_ctx,
+            ubatch=largest,
+        )
+
+    def operating_slots(self) -> dict[int, int]:
+        """T10's arms: the seed's reserve (700, 900, 1150 MB) -> this model's slots, 900 MB
+        being `operating_fraction` of the experts."""
+        s = self.s
+        base = max(round(s.operating_fraction * self.cal.n_experts), self.cal.n_expert_used)
+        mid = dict(SEED_RESERVE_SLOTS)[900]
+        return {
+            r: max(round(base * n / mid), self.cal.n_expert_used) for r, n in SEED_RESERVE_SLOTS
+        }
+
+    def reserve_budget_mb(self) -> float:
+        """T10's budget: the plan at reserve 0 leaves the 700 MB arm's slots."""
+        s = self.s
+        slots = max(self.operating_slots().values())
+        return budget_mb(self.m, self.cal, s, slots, 0.0, 3 * s.threads, s.memory_ctx)
 
     def _memory_config(
-        self, suite, label, sizing, ubatch, reserve_mb, budget, n_predict, prompt, method
+        self, suite, label, sizing, ubatch, reserve_mb, budget, n_predict, prompt, method, meta=()
     ):
         s = self.s
-        kv, compute = workspace_mb(self.m, s.memory_ctx, ubatch, s.threads)
-        plan_reserve = reserve_mb if sizing == "plan" else reserve_mb - kv - compute
+        terms = self.sizing(ubatch)
         common = _chat_common(self.model, s, n_predict=n_predict, ubatch=ubatch, prompt=prompt)
         common[common.index("-c") + 1] = str(s.memory_ctx)
         args = common + [
             f"--ram-budget-mb={budget:.3f}",
-            f"--reserve-mb={plan_reserve:.3f}",
+            f"--reserve-mb={terms.plan_reserve_mb(sizing, reserve_mb):.3f}",
             "--cache-mode",
             s.cache_mode,
         ]
@@ -467,52 +611,108 @@ class SuiteBuilder:
                 ("ubatch", ubatch),
                 ("reserve_mb", reserve_mb),
                 ("budget_mb", budget),
-                ("compute_buffer_mb", compute),
-                ("kv_cache_mb", kv),
+                ("compute_buffer_mb", terms.compute_mb),
+                ("kv_cache_mb", terms.kv_mb),
+                *meta,
             ),
         )
 
+    def long_prompt(self) -> str:
+        return " ".join([self.s.prompt] * self.s.long_prompt_repeat)
+
     def memory(self) -> list[RunConfig]:
+        """T9: every sizing x ubatch under each limit, at T9's budget and reserve."""
         s = self.s
-        budget = self.memory_budget_mb()
-        prompt = " ".join([s.prompt] * s.long_prompt_repeat)
+        budget, reserve = self.memory_budget_mb(), self.t9_reserve_mb()
         out = []
         for method in s.limits:
-            tag = f" {method}" if len(s.limits) > 1 else ""
             for sizing in s.sizings:
                 for ub in s.ubatches:
-                    if ub > s.memory_ctx:
-                        continue
-                    out.append(
-                        self._memory_config(
-                            "memory",
-                            f"{sizing} ub{ub}{tag}",
-                            sizing,
-                            ub,
-                            s.reserve_mb,
-                            budget,
-                            s.memory_n_predict,
-                            prompt,
-                            method,
-                        )
-                    )
+                    if ub <= s.memory_ctx:
+                        out.append(self._t9_config("memory", sizing, ub, method, budget, reserve))
         return out
 
-    def reserve(self) -> list[RunConfig]:
+    def _t9_config(self, suite, sizing, ub, method, budget, reserve):
         s = self.s
-        budget = self.memory_budget_mb()
+        return self._memory_config(
+            suite,
+            f"{sizing} ub{ub} {method}",
+            sizing,
+            ub,
+            reserve,
+            budget,
+            s.memory_n_predict,
+            self.long_prompt(),
+            method,
+        )
+
+    def memory_need(self) -> list[RunConfig]:
+        """000 §5.1: the seed's sizing at T9's largest ubatch where nothing caps the data
+        segment, so that it shows what RLIMIT_DATA refused: T9's own cgroup run when T9 has
+        one (a cgroup counts resident pages only), else with no limit."""
+        budget, reserve = self.memory_budget_mb(), self.t9_reserve_mb()
+        ub = max(u for u in self.s.ubatches if u <= self.s.memory_ctx)
+        method = "cgroup" if "cgroup" in self.s.limits else "none"
+        return [self._t9_config("memory", "seed", ub, method, budget, reserve)]
+
+    def ubatch_pairs(self) -> list[RunConfig]:
+        """000 §5.1: prefill with the plan's sizing at two ubatches, T9's budget, first limit."""
+        budget, reserve = self.memory_budget_mb(), self.t9_reserve_mb()
+        method = self.s.limits[0] if self.s.limits else "none"
+        return [
+            self._t9_config("memory", "plan", ub, method, budget, reserve)
+            for ub in self.s.pair_ubatches
+        ]
+
+    def arena_arms(self) -> list[RunConfig]:
+        """T10's arms (000 §5.2, §6): the plan's sizing at T10's budget with the reserves that
+        leave the seed's three slot counts, scaled (reserve 0 = the seed's 700 MB)."""
+        s = self.s
+        budget = self.reserve_budget_mb()
+        per_slot = self.sizing(s.ubatch).per_slot_mb
+        arms = self.operating_slots()
+        most = max(arms.values())
         return [
             self._memory_config(
                 "reserve",
-                f"{sizing} r{r:g}",
-                sizing,
+                f"plan r{(most - n) * per_slot:.1f} ({seed_mb} MB)",
+                "plan",
                 s.ubatch,
-                float(r),
+                (most - n) * per_slot,
                 budget,
                 None,
                 None,
                 s.reserve_limit,
+                (("seed_reserve_mb", seed_mb), ("target_slots", n)),
             )
-            for sizing in s.sizings
-            for r in s.reserves_mb
+            for seed_mb, n in arms.items()
         ]
+
+    def seed_reserve_rows(self) -> list[RunConfig]:
+        """T10's seed rows: the seed's sizing at reserve 0 (under the reserve limit and under a
+        cgroup) and at the reserve it needs at the default ubatch (data_fit_mb; none when the
+        process's resident pages already cover that)."""
+        s = self.s
+        budget = self.reserve_budget_mb()
+        fit = self.sizing(s.ubatch).data_fit_mb
+        rows = [(0.0, s.reserve_limit)] + ([(fit, s.reserve_limit)] if fit > 0 else [])
+        if "cgroup" in s.limits and s.reserve_limit != "cgroup":
+            rows.append((0.0, "cgroup"))
+        return [
+            self._memory_config(
+                "reserve",
+                f"seed r{r:.1f} {method}",
+                "seed",
+                s.ubatch,
+                r,
+                budget,
+                None,
+                None,
+                method,
+            )
+            for r, method in rows
+        ]
+
+    def reserve(self) -> list[RunConfig]:
+        """T10: the three arms, then the seed's sizing at reserve 0 and at the one that fits."""
+        return self.arena_arms() + self.seed_reserve_rows()

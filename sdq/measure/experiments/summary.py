@@ -54,6 +54,8 @@ def run_record(row: dict) -> dict:
         ("reserve_bytes", "plan_reserve_mb"),
         ("arena_bytes", "arena_mb"),
         ("rss_bytes", "plan_rss_mb"),
+        ("data_bytes", "plan_data_mb"),
+        ("process_bytes", "plan_process_mb"),
     ):
         rec[dst] = plan[src] / MIB if src in plan else None
     return rec
@@ -220,7 +222,9 @@ MEMORY_METRICS = (
     "hit_rate",
     "peak_rss_mb",
     "peak_anon_mb",
+    "peak_file_mb",
     "peak_data_mb",
+    "cgroup_peak_mb",  # memory.max_usage_in_bytes: what the group was charged at most
 )
 SUITE_COLUMNS = {
     "io": (["label", "io_mode", "io_threads", "split", "prefetch"], IO_METRICS),
