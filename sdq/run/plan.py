@@ -27,12 +27,14 @@ The runtime is started before the process is measured (`start_runtime`), so what
 otherwise add after the arena is sized is already in "process": the kernels are loaded from
 Numba's on-disk cache (LLVM's code and data: ~20-35 MB), Numba's thread pool is started at the
 compute threads, the BLAS has allocated its buffer, and glibc's malloc is held to one arena
-(otherwise each thread that allocates gets its own heap, each up to 64 MiB of address space).
+(otherwise each thread that allocates gets a heap of its own, 64 MiB of reserved address space
+whose used part joins the data segment and is not reused by the other threads).
 `sdq` itself sets OPENBLAS_NUM_THREADS=1 before NumPy loads (sdq.cli): OpenBLAS otherwise starts
-a thread per core, each with a stack and a buffer of its own, for a library sdq calls once per
-decode layer with one matrix-vector product. Kernels that are not in Numba's cache yet (the first
-run after installing or changing them) are compiled while the run computes, which takes more
-memory than any plan counts: run once without a limit first (make test and make reproduce do).
+a thread per core, each with a stack and a buffer of its own, for a library sdq calls at most
+once per decode layer (an F32 router's matrix-vector product). Kernels that are not in Numba's
+cache yet (the first run after installing or changing them) are compiled while the run computes,
+which takes more memory than any plan counts: run once without a limit first (the experiment
+suites' calibration run and tests/test_oom_promise.py do).
 
 What the plan guarantees, with the process measured as above: the data segment stays below the
 budget (so an RLIMIT_DATA of the budget never fails an allocation) and so does the resident set
@@ -67,8 +69,9 @@ PAGE = mmap.PAGESIZE
 IO_THREAD_STACK_BYTES = 256 * 1024  # kernels_c/io_pool.c WORKER_STACK_BYTES
 SLOT_META_BYTES = 512  # Python bookkeeping per slot (dict entry, LRU node, key tuple)
 # Python objects a run creates besides its arrays (token lists and timings, the route of each
-# layer, the JSON it prints) and malloc's slack around them: 2-3 MB measured on the tiny and mini
-# models with 8-64 generated tokens (tests/test_oom_promise.py runs at the plan's minimum)
+# layer, the JSON it prints) and malloc's slack around them: about 2 MB of data segment measured
+# beside the counted arrays on the tiny model with 8 generated tokens; tests/test_oom_promise.py
+# runs at the plan's minimum, and notebook 04's plan-sized mini runs stay inside with it
 RUN_OBJECTS_BYTES = 6 * MIB
 THREAD_EXTRA_BYTES = 64 * 1024  # a new thread's own allocations beside its stack (16 KiB seen)
 DEFAULT_RESERVE_MB = 900
