@@ -156,8 +156,8 @@ def gguf_model(tmp_path_factory):
     return path
 
 
-def test_plan_command_table_json_and_error(gguf_model, capsys):
-    args = ["plan", str(gguf_model), "--ram-budget-mb", "2000", "-c", "256", "-b", "16"]
+def test_plan_command_table_json_and_error(tiny_model, capsys):
+    args = ["plan", str(tiny_model), "--ram-budget-mb", "2000", "-c", "256", "-b", "16"]
     assert main([*args, "--reserve-mb", "10"]) == 0
     out = capsys.readouterr().out
     items = (

@@ -150,3 +150,19 @@ def test_the_data_segment_stays_inside_the_plans_count_of_it(tiny_model):
     plan = row["result"]["settings"]["plan"]
     counted = plan["data_bytes"] + plan["thread_bytes"] + plan["growth_bytes"]
     assert row["peak_data_mb"] <= counted / MIB, (row["peak_data_mb"], counted / MIB)
+
+
+def test_sdq_plan_states_the_minimum_sdq_chat_runs_with(tiny_model, minimum_mb):
+    """`sdq plan` plans as `sdq chat` does (same flags, defaults, set-up before measuring): the
+    minimum it states is the one a refused chat states, and a chat a few MB above it runs."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "sdq", "plan", str(tiny_model), "--json", "-t", "2"]
+    cmd += ["-c", "1024", "-b", "32", "--ram-budget-mb", "2000", "--reserve-mb", "0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    planned = json.loads(p.stdout)["min_budget_bytes"] / (1 << 20)
+    assert abs(planned - minimum_mb) < 4, f"sdq plan {planned:.1f} MB vs sdq chat {minimum_mb} MB"
+    budget = planned + 4
+    assert _kept_the_promise(_chat(tiny_model, budget, 0.0), budget) == "ok"

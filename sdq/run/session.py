@@ -18,23 +18,76 @@ from sdq.run.settings import RunSettings
 from sdq.units import MIB
 
 
+@dataclasses.dataclass
+class PagedSetup:
+    """What a paged run decided before allocating anything: the plan and the pager's settings."""
+
+    plan: object  # sdq.run.plan.MemoryPlan
+    cache: object  # sdq.paging.cache.CacheSettings
+    io: object  # sdq.paging.reads.IOSettings
+    prefetch_next: int  # experts guessed per layer in decode
+
+
+def open_for_run(settings: RunSettings):
+    """(model, tokenizer): the model file opened and checked, the compute threads set and the
+    tokenizer built: everything a run holds before the memory plan measures the process."""
+    from sdq.format.model import open_model
+    from sdq.format.tokenizer import Tokenizer
+
+    s = settings
+    if s.prefetch_next is not None and s.prefetch_next < 0:
+        raise ParamsError(f"--prefetch-next {s.prefetch_next}: expected >= 0 experts")
+    model = open_model(s.model)
+    model.require_experts()
+    model.require_compute()
+    _set_threads(s.threads)
+    tokenizer = Tokenizer.from_metadata(model.metadata, source=str(model.path))
+    return model, tokenizer
+
+
+def plan_paged(model, settings: RunSettings) -> PagedSetup:
+    """The memory plan of a paged run, made exactly as `Session` makes it (`sdq plan` calls this
+    after `open_for_run`, so a budget it accepts is one `sdq chat` accepts)."""
+    import psutil
+
+    from sdq.paging.cache import CacheSettings
+    from sdq.paging.prefetch import prefetch_width
+    from sdq.paging.reads import IOSettings
+    from sdq.run.plan import plan_memory
+
+    s = settings
+    budget = s.ram_budget_mb
+    if budget is None:
+        budget = psutil.virtual_memory().available / MIB
+    io_threads = s.io_threads or 3 * s.threads
+    kw = {} if s.reserve_mb is None else {"reserve_mb": s.reserve_mb}
+    prefetch = prefetch_width(model.spec.n_expert_used, s.prefetch_next)
+    cache = CacheSettings(policy=s.cache_policy, prefetch_slots=prefetch)
+    plan = plan_memory(
+        model,
+        budget,
+        s.n_ctx,
+        s.n_ubatch,
+        cache_mode=s.cache_mode,
+        io_threads=io_threads,
+        compute_threads=s.threads,
+        cache=cache,
+        **kw,
+    )
+    if s.max_slots is not None and plan.slots > s.max_slots:
+        plan = dataclasses.replace(plan, slots=s.max_slots)
+    io = IOSettings(threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode)
+    return PagedSetup(plan, cache, io, prefetch)
+
+
 class Session:
     def __init__(self, settings: RunSettings):
-        import psutil
-
-        from sdq.format.model import open_model
-        from sdq.format.tokenizer import Tokenizer
         from sdq.run.engine import DenseWeights, Engine, ResidentExperts
         from sdq.run.workspace import Workspace
 
         s = self.settings = settings
-        if s.prefetch_next is not None and s.prefetch_next < 0:
-            raise ParamsError(f"--prefetch-next {s.prefetch_next}: expected >= 0 experts")
-        self.model = model = open_model(s.model)
-        model.require_experts()
-        model.require_compute()
-        _set_threads(s.threads)
-        self.tokenizer = Tokenizer.from_metadata(model.metadata, source=str(model.path))
+        model, tokenizer = open_for_run(s)
+        self.model, self.tokenizer = model, tokenizer
         self.plan = None
         self.route_log = None
         self.prefetch_next = 0
@@ -43,37 +96,13 @@ class Session:
             weights = DenseWeights.load(model)
             experts = ResidentExperts(model)
         else:
-            from sdq.paging.cache import CacheSettings, ExpertCache
-            from sdq.paging.prefetch import prefetch_width
-            from sdq.paging.reads import IOSettings
-            from sdq.run.plan import plan_memory
+            from sdq.paging.cache import ExpertCache
 
-            budget = s.ram_budget_mb
-            if budget is None:
-                budget = psutil.virtual_memory().available / MIB
-            io_threads = s.io_threads or 3 * s.threads
-            kw = {} if s.reserve_mb is None else {"reserve_mb": s.reserve_mb}
-            self.prefetch_next = prefetch_width(model.spec.n_expert_used, s.prefetch_next)
-            cs = CacheSettings(policy=s.cache_policy, prefetch_slots=self.prefetch_next)
-            self.plan = plan_memory(
-                model,
-                budget,
-                s.n_ctx,
-                s.n_ubatch,
-                cache_mode=s.cache_mode,
-                io_threads=io_threads,
-                compute_threads=s.threads,
-                cache=cs,
-                **kw,
-            )
-            if s.max_slots is not None and self.plan.slots > s.max_slots:
-                self.plan = dataclasses.replace(self.plan, slots=s.max_slots)
+            setup = plan_paged(model, s)
+            self.plan, self.prefetch_next = setup.plan, setup.prefetch_next
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
             weights = DenseWeights.load(model)
-            io = IOSettings(
-                threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode
-            )
-            experts = ExpertCache(model, self.plan, io=io, settings=cs)
+            experts = ExpertCache(model, self.plan, io=setup.io, settings=setup.cache)
         self.experts = experts
         self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
         self.engine.prefetch_next = self.prefetch_next
