@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +33,16 @@ def write_text(path: Path, text: str) -> Path:
 def write_json(path: Path, obj: Any) -> Path:
     """Stable JSON: 1-space indent, keys in insertion order, UTF-8, trailing newline."""
     return write_text(path, json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def replace_dir(src: Path, dst: Path) -> Path:
+    """Move the finished folder `src` to `dst`, replacing what was there: `dst` is the old
+    folder or the new one whole, never a mix (the old one is renamed aside, then removed)."""
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
+    return dst

@@ -128,7 +128,7 @@ def run_one(
         except LabError as exc:
             seconds = time.perf_counter() - started
             atomic.write_text(staged / "error.txt", str(exc) + "\n")
-            _replace_dir(staged, failed)
+            atomic.replace_dir(staged, failed)
             return NotebookResult(stem, False, seconds, failed, str(exc))
         executed = _keep_or_drop_executed(execution.executed_path, max_executed_bytes)
         record = provenance.collect(
@@ -146,7 +146,7 @@ def run_one(
         )
         provenance.write(staged / "provenance.json", record)
         provenance.archive_run(staged, final if final.is_dir() else None)
-        _replace_dir(staged, final)
+        atomic.replace_dir(staged, final)
         shutil.rmtree(failed, ignore_errors=True)
         return NotebookResult(stem, True, time.perf_counter() - started, final)
     finally:
@@ -176,16 +176,6 @@ def _keep_or_drop_executed(path: Path, limit: int | None) -> dict:
         "note": f"executed notebook was {size / 2**20:.1f} MiB, over the "
         f"{limit / 2**20:.0f} MiB limit: not kept",
     }
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished folder `src` to `dst`, replacing what was there."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from sdq import files
 from sdq.errors import LabError, SdqError
 from sdq.lab import docs
 from sdq.lab.notebooks import notebook_paths
@@ -73,7 +74,7 @@ def build(params: str = "default", root: Path | None = None, dest: Path | None =
         assemble(layout, pages, source)
         config = write_config(layout, source, work / "html", work / "mkdocs.yml")
         run_mkdocs(config)
-        _swap_in(work / "html", dest)
+        files.replace_dir(work / "html", dest)
     return dest
 
 
@@ -260,15 +261,6 @@ def _first_problem(log: str) -> str:
 def _copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
-
-
-def _swap_in(src: Path, dst: Path) -> None:
-    """Rename the finished `src` to `dst`, replacing what was there."""
-    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
