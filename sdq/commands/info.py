@@ -38,6 +38,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layers(layers) -> str:
+    from sdq.format.model import _ranges
+
+    return _ranges(layers)
+
+
 def _n(x: int) -> str:
     return f"{x:,}"
 
@@ -75,6 +81,14 @@ def render(info: dict) -> str:
     for key, value in spec.items():
         if key == "moe_layers":
             value = info["experts"]["layers"] if info["experts"] else "none"
+        if key == "hybrid" and value:
+            value = (
+                f"delta-net blocks {_layers(value['recurrent_layers'])} (every "
+                f"{value['full_attention_interval']}th full attention); state "
+                f"{value['state']}, {value['k_heads']} key / {value['v_heads']} value heads, "
+                f"conv {value['conv_kernel']}; RoPE {value['rope_dim']} dims, sections "
+                f"{list(value['rope_sections'])}"
+            )
         out.append(f"  {key.ljust(width)}  {value}")
 
     out += ["", "tensors by type"]

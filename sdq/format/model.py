@@ -73,6 +73,36 @@ def is_routed(name: str) -> bool:
 
 
 @dataclass(frozen=True)
+class HybridSpec:
+    """Gated delta-net ("linear attention") hyperparameters of a hybrid model (qwen35moe).
+
+    Block i is a delta-net block when i is in `recurrent_layers`, else full attention. A
+    delta-net block projects the input to q/k (k_heads heads of `state` dims each) and v
+    (v_heads heads of `state` dims), runs a causal conv of `conv_kernel` taps over those
+    `conv_channels`, and keeps per sequence a [v_heads, state, state] state.
+    """
+
+    recurrent_layers: tuple[int, ...]
+    full_attention_interval: int
+    conv_kernel: int
+    inner_size: int  # v_heads * state
+    state: int  # head dim of q, k and v
+    k_heads: int  # ssm.group_count
+    v_heads: int  # ssm.time_step_rank
+    rope_dim: int  # rotated dims of each full-attention head (partial rotary)
+    rope_sections: tuple[int, int, int, int]
+
+    @property
+    def conv_channels(self) -> int:
+        return (2 * self.k_heads + self.v_heads) * self.state
+
+    @property
+    def recurrent_state_floats(self) -> int:
+        """Floats of one sequence's state in one delta-net block: conv tail + delta-net state."""
+        return (self.conv_kernel - 1) * self.conv_channels + self.v_heads * self.state**2
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     arch: str
     n_layer: int  # decoder layers of the forward pass (MTP/nextn layers excluded)
@@ -94,6 +124,7 @@ class ModelSpec:
     moe_layers: tuple[int, ...]
     n_nextn_layer: int = 0  # MTP layers stored after the decoder layers (block_count - n_layer)
     dense_ffn: int = 0  # feed_forward_length of dense FFN layers, 0 if none
+    hybrid: HybridSpec | None = None  # delta-net blocks (qwen35moe), None for attention only
 
 
 @dataclass(frozen=True)
@@ -341,8 +372,53 @@ def open_model(path: str | os.PathLike) -> Model:
         moe_layers=experts.layers if experts is not None else (),
         n_nextn_layer=n_nextn,
         dense_ffn=keys.int("feed_forward_length", default=0),
+        hybrid=_hybrid_spec(path, keys, n_block, n_layer) if arch in HYBRID_ARCHES else None,
     )
     return Model(path, spec, tensors, meta, header, experts)
+
+
+HYBRID_ARCHES = ("qwen35moe",)
+
+
+def _hybrid_spec(path: Path, keys: _Keys, n_block: int, n_layer: int) -> HybridSpec | None:
+    """The delta-net keys, read as llama.cpp reads them (which blocks are recurrent included).
+
+    None when the file has no ssm.* keys: its anatomy can still be shown, but it cannot run.
+    """
+    if f"{keys.arch}.ssm.state_size" not in keys.meta:
+        return None
+    state = keys.int("ssm.state_size", minimum=1)
+    v_heads = keys.int("ssm.time_step_rank", minimum=1)
+    k_heads = keys.int("ssm.group_count", minimum=1)
+    inner = keys.int("ssm.inner_size", minimum=1)
+    if inner != state * v_heads or v_heads % k_heads:
+        raise UnsupportedError(
+            f"{path}: delta-net sizes inner {inner}, state {state}, {v_heads} value heads, "
+            f"{k_heads} key heads: sdq needs inner = state * value heads and value heads a "
+            "multiple of key heads"
+        )
+    interval = keys.int("full_attention_interval", default=4, minimum=1)
+    flags = keys.meta.get(f"{keys.arch}.attention.recurrent_layers")
+    if isinstance(flags, list):
+        recurrent = tuple(i for i in range(n_layer) if i < len(flags) and flags[i])
+    else:
+        recurrent = tuple(i for i in range(n_layer) if (i + 1) % interval != 0)
+    sections = keys.meta.get(f"{keys.arch}.rope.dimension_sections", [0, 0, 0, 0])
+    if not isinstance(sections, list) or not all(_is_int(x) for x in sections):
+        raise GGUFError(f"{path}: metadata {keys.arch}.rope.dimension_sections is not integers")
+    sections = (list(sections) + [0, 0, 0, 0])[:4]
+    head_dim = keys.int("attention.key_length", minimum=1)
+    return HybridSpec(
+        recurrent_layers=recurrent,
+        full_attention_interval=interval,
+        conv_kernel=keys.int("ssm.conv_kernel", minimum=1, maximum=64),
+        inner_size=inner,
+        state=state,
+        k_heads=k_heads,
+        v_heads=v_heads,
+        rope_dim=keys.int("rope.dimension_count", default=head_dim, minimum=2, maximum=head_dim),
+        rope_sections=tuple(int(x) for x in sections),
+    )
 
 
 class _Keys:
@@ -576,11 +652,17 @@ def _ranges(layers) -> str:
 # anatomy: what `sdq info` prints and notebook 00 tabulates
 
 
-def tensor_class(name: str, n_layer: int) -> str:
-    """The role of a tensor, from its name: one of TENSOR_CLASSES."""
+def tensor_class(name: str, n_layer: int, recurrent_layers=()) -> str:
+    """The role of a tensor, from its name: one of TENSOR_CLASSES.
+
+    In the blocks listed in `recurrent_layers` (delta-net blocks of a hybrid) the attn_*
+    projections are linear attention.
+    """
     m = _BLOCK.match(name)
     if "nextn" in name or "mtp" in name or (m and int(m.group(1)) >= n_layer):
         return "mtp"
+    if m and int(m.group(1)) in recurrent_layers and ".attn_" in name and "norm" not in name:
+        return "linear_attention"
     if is_routed(name):
         return "routed_experts"
     if "_exps" in name:
@@ -633,7 +715,7 @@ def anatomy(model: Model, layer: int | None = None, expert: int = 0) -> dict[str
     for name, t in tensors.items():
         by_type[t.qtype.name] += 1
         bytes_by_type[t.qtype.name] += t.nbytes
-        c = tensor_class(name, spec.n_layer)
+        c = tensor_class(name, spec.n_layer, spec.hybrid.recurrent_layers if spec.hybrid else ())
         by_class[c] += 1
         bytes_by_class[c] += t.nbytes
     mtp_names = [n for n in tensors if "nextn" in n or "mtp" in n]

@@ -44,6 +44,7 @@ from sdq.errors import ParamsError, SdqError
 
 SYNTH_FORMAT_VERSION = 2  # bump whenever the bytes of a model change
 ARCH = "qwen3moe"
+ARCHES = (ARCH, "qwen35moe")
 K_QUANT_BLOCK = 256
 
 # qtype name -> llama_ftype number (llama.h); F32 and F16 are written directly.
@@ -86,6 +87,17 @@ class SynthConfig:
     attn_noise: float = 0.5  # full-rank part of V and O
     moe_gain: float = 1.0  # scale of expert down projections
     logit_std: float = 3.0  # spread of the output logits
+    # qwen35moe only (sdq.synth.qwen35); left out of params() for qwen3moe, whose cached
+    # models keep their names
+    arch: str = ARCH
+    full_attention_interval: int = 4  # every 4th block full attention, the others delta-net
+    ssm_conv_kernel: int = 4
+    ssm_state: int = 128  # delta-net key and value head dim
+    ssm_k_heads: int = 16
+    ssm_v_heads: int = 32
+    shared_ffn: int = 512
+    rope_dim: int = 64  # rotated dims of each head (partial rotary)
+    rope_sections: tuple[int, int, int, int] = (11, 11, 10, 0)
 
     def validate(self) -> SynthConfig:
         def need(ok: bool, what: str) -> None:
@@ -116,6 +128,27 @@ class SynthConfig:
             f"route_rank {self.route_rank} must be in 1..min(head_dim, n_embd - 1)",
         )
         need(self.token_subgroups >= 1, f"token_subgroups {self.token_subgroups} must be >= 1")
+        need(self.arch in ARCHES, f"arch {self.arch!r} is not one of {', '.join(ARCHES)}")
+        if self.arch == "qwen35moe":
+            need(
+                self.ssm_v_heads % self.ssm_k_heads == 0,
+                f"ssm_v_heads {self.ssm_v_heads} is not a multiple of ssm_k_heads "
+                f"{self.ssm_k_heads}",
+            )
+            need(self.ssm_state % 32 == 0, f"ssm_state {self.ssm_state} must be a multiple of 32")
+            need(
+                self.shared_ffn % 32 == 0, f"shared_ffn {self.shared_ffn} must be a multiple of 32"
+            )
+            need(self.full_attention_interval >= 1, "full_attention_interval must be >= 1")
+            need(self.ssm_conv_kernel >= 1, "ssm_conv_kernel must be >= 1")
+            need(
+                self.rope_dim % 2 == 0 and 2 <= self.rope_dim <= self.head_dim,
+                f"rope_dim {self.rope_dim} must be even and in 2..head_dim",
+            )
+            need(
+                len(self.rope_sections) == 4 and 2 * sum(self.rope_sections) <= self.rope_dim,
+                f"rope_sections {self.rope_sections}: 4 sections summing to <= rope_dim / 2",
+            )
         return self
 
     @property
@@ -126,7 +159,24 @@ class SynthConfig:
 
     def params(self) -> dict:
         """Fields as a JSON-able dict (stored in the file and hashed for the cache name)."""
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.arch == ARCH:
+            for name in QWEN35_FIELDS:
+                del out[name]
+        return out
+
+
+QWEN35_FIELDS = (
+    "arch",
+    "full_attention_interval",
+    "ssm_conv_kernel",
+    "ssm_state",
+    "ssm_k_heads",
+    "ssm_v_heads",
+    "shared_ffn",
+    "rope_dim",
+    "rope_sections",
+)
 
 
 PRESETS: dict[str, SynthConfig] = {
@@ -141,6 +191,38 @@ PRESETS: dict[str, SynthConfig] = {
         n_head=32,
         n_head_kv=4,
         head_dim=128,
+        route_rank=16,
+    ),
+    # qwen35moe: head counts that are not powers of two (12 query / 3 KV heads, delta-net 3 key
+    # / 6 value heads) with every matrix row a multiple of 256, so Q4_K_M needs no fallback
+    # types; 3 delta-net blocks and 1 full-attention block
+    "tiny35": SynthConfig(
+        name="tiny35",
+        arch="qwen35moe",
+        n_layer=4,
+        n_head=12,
+        n_head_kv=3,
+        head_dim=64,
+        rope_dim=32,
+        rope_sections=(6, 5, 5, 0),
+        ssm_state=128,
+        ssm_k_heads=3,
+        ssm_v_heads=6,
+        shared_ffn=256,
+        route_rank=8,
+    ),
+    # shaped like Qwen3.6-35B-A3B at depth 4 (3 delta-net blocks, 1 full-attention block)
+    "seed": SynthConfig(
+        name="seed",
+        arch="qwen35moe",
+        n_embd=2048,
+        n_layer=4,
+        n_expert=256,
+        n_expert_used=8,
+        expert_ffn=512,
+        n_head=16,
+        n_head_kv=2,
+        head_dim=256,
         route_rank=16,
     ),
 }
@@ -305,7 +387,12 @@ def tensor_plan(cfg: SynthConfig, dtype: str) -> list[tuple[str, tuple[int, ...]
     H, Hkv, Dh = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     big = np.float16 if dtype == "F16" else np.float32
     plan = [("token_embd.weight", (V, D), big)]
-    for i in range(cfg.n_layer):
+    if cfg.arch == "qwen35moe":
+        from sdq.synth import qwen35
+
+        for i in range(cfg.n_layer):
+            plan += qwen35.block_plan(cfg, i, big)
+    for i in range(cfg.n_layer if cfg.arch == ARCH else 0):
         b = f"blk.{i}."
         plan += [
             (b + "attn_norm.weight", (D,), np.float32),
@@ -382,7 +469,7 @@ def write_gguf(
     vocab = _vocab()
     w = synth_weights(cfg, seed)
     _ = w.basis, w.subgroup, w.centroids  # shared structure, made before the threads start
-    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer = gguf.GGUFWriter(str(path), cfg.arch)
     _add_metadata(writer, cfg, seed, vocab, dtype)
     plan = tensor_plan(cfg, dtype)
     for name, shape, dt in plan:
@@ -404,6 +491,13 @@ def write_gguf(
 
 def _make_tensor(w, name: str, shape: tuple[int, ...], dt, pool) -> np.ndarray:
     out = np.empty(shape, dt)  # filled in parallel slices: the draws release the GIL
+    if w.cfg.arch == "qwen35moe":
+        from sdq.synth import qwen35
+
+        values = qwen35.make_tensor(w, name, shape)
+        if values is not None:
+            out[...] = values
+            return out
     if name in ("token_embd.weight", "output.weight"):
         rows = w.embedding_rows if name == "token_embd.weight" else w.output_rows
         step = 8192
@@ -444,11 +538,15 @@ def _add_metadata(writer, cfg: SynthConfig, seed: int, vocab, dtype: str) -> Non
     writer.add_head_count_kv(cfg.n_head_kv)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.rope_dim if cfg.arch == "qwen35moe" else cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_base)
     writer.add_layer_norm_rms_eps(cfg.rms_eps)
     writer.add_expert_count(cfg.n_expert)
     writer.add_expert_used_count(cfg.n_expert_used)
+    if cfg.arch == "qwen35moe":
+        from sdq.synth import qwen35
+
+        qwen35.add_metadata(writer, cfg)
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
