@@ -25,11 +25,15 @@ GGML_ARGS  := -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_A
 	$(if $(call cpu_has,avx512_vnni),-DGGML_AVX512_VNNI=ON) \
 	$(if $(call cpu_has,avx512_bf16),-DGGML_AVX512_BF16=ON)
 WHEELS     := $(HOME)/.cache/sdq/wheels/$(shell echo '$(LLAMA_CPP) $(GGML_ARGS)' | md5sum | cut -c1-12)
+# llama.cpp's tokenizer test files (models/ggml-vocab-*.gguf with their .inp/.out) taken from
+# the same llama-cpp-python source package, for tests/test_tokenizer_vectors.py;
+# $SDQ_LLAMA_CPP_SDIST names a local copy of that tarball.
+VOCAB_TESTS := $(or $(SDQ_CACHE_DIR),$(HOME)/.cache/sdq)/vocab-tests/$(lastword $(subst ==, ,$(LLAMA_CPP)))
 
 .PHONY: setup browser kernel-cache test reproduce docs lab lint format clean
 
 # fio, the reference `sdq probe --fio` (notebook 01) runs beside sdq: installed when missing.
-setup: $(STAMP) browser
+setup: $(STAMP) browser $(VOCAB_TESTS)/.complete
 	@command -v fio >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive && { apt-get install -y -qq fio || { apt-get update -qq && apt-get install -y -qq fio; }; } >/dev/null 2>&1; } || echo "setup: fio could not be installed (apt-get install -y fio, as root): sdq probe runs without its fio column" >&2
 
 # tests/test_site.py browses the HTML site in Debian's chromium, headless: installed here when
@@ -50,6 +54,16 @@ $(STAMP): pyproject.toml $(wildcard kernels_c/*.c kernels_c/*.h)
 	$(PY) -m pip install --quiet -e '.[lab,dev]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
+
+$(VOCAB_TESTS)/.complete: | $(STAMP)
+	rm -rf $(VOCAB_TESTS).tmp && mkdir -p $(VOCAB_TESTS).tmp
+	$(if $(SDQ_LLAMA_CPP_SDIST),cp '$(SDQ_LLAMA_CPP_SDIST)' $(VOCAB_TESTS).tmp/llama_cpp_python-local.tar.gz,\
+	  $(PY) -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+	    -d $(VOCAB_TESTS).tmp $(LLAMA_CPP))
+	tar -xzf $(VOCAB_TESTS).tmp/llama_cpp_python-*.tar.gz -C $(VOCAB_TESTS).tmp \
+	  --strip-components=4 --wildcards '*/vendor/llama.cpp/models/ggml-vocab-*'
+	rm -f $(VOCAB_TESTS).tmp/*.tar.gz && touch $(VOCAB_TESTS).tmp/.complete
+	rm -rf $(VOCAB_TESTS) && mv $(VOCAB_TESTS).tmp $(VOCAB_TESTS)
 
 # Numba caches compiled kernels per source file; drop them when the LLVM intrinsics they
 # inline changed (sdq/kernels/jit.py).

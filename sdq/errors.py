@@ -23,6 +23,10 @@ class UnsupportedError(SdqError):
     """Valid input that sdq does not handle (architecture, quant type)."""
 
 
+class TokenizerError(SdqError):
+    """The file's tokenizer metadata cannot be used (unknown kind, inconsistent vocabulary)."""
+
+
 class PlanError(SdqError):
     """The RAM budget cannot hold what the run needs; the message states the minimum."""
 

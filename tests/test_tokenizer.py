@@ -2,7 +2,7 @@
 
 import pytest
 
-from sdq.errors import UnsupportedError
+from sdq.errors import TokenizerError
 from sdq.format.tokenizer import StreamDecoder, Tokenizer, _complete_utf8_prefix
 
 
@@ -70,9 +70,9 @@ def test_stream_decoder_flushes_invalid_bytes(tok):
 
 
 def test_unsupported_tokenizer_is_a_clear_error():
-    with pytest.raises(UnsupportedError, match="tokenizer model 'llama'"):
-        Tokenizer.from_metadata({"tokenizer.ggml.model": "llama"}, source="x.gguf")
-    with pytest.raises(UnsupportedError, match="pre-tokenizer 'falcon'"):
+    with pytest.raises(TokenizerError, match="tokenizer model 'bert' is not supported"):
+        Tokenizer.from_metadata({"tokenizer.ggml.model": "bert"}, source="x.gguf")
+    with pytest.raises(TokenizerError, match="unknown pre-tokenizer 'jais'.*known: .*qwen2"):
         Tokenizer.from_metadata(
-            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "falcon"}, source="x.gguf"
+            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "jais"}, source="x.gguf"
         )

@@ -1,38 +1,160 @@
-"""Byte-level BPE tokenizer built from a GGUF file's vocabulary (qwen2 / gpt2 style).
+"""Tokenizers built from a GGUF file's vocabulary, tokenizing as llama.cpp does for that file.
 
-The GGUF stores `tokenizer.ggml.tokens` (byte-level unicode strings), `token_type`
-(1 normal, 3 control, 4 user-defined), `merges` ("a b" strings) and the pre-tokenizer name
-(`tokenizer.ggml.pre`). We build a HuggingFace `tokenizers.Tokenizer` from them: the pre-tokenizer
-regex splits text into words, each word's UTF-8 bytes are mapped to printable characters
-(GPT-2's byte-to-unicode table) and merged by rank.
+Two kinds, by `tokenizer.ggml.model`:
 
-Decoding maps each token back to bytes; `StreamDecoder` holds back an incomplete UTF-8 sequence
-so that text can be printed as it is generated.
+- `gpt2`, byte-level BPE (Qwen, Llama 3, DeepSeek, OLMo, GPT-2, ...): the pre-tokenizer named by
+  `tokenizer.ggml.pre` splits text into words with one or more regexes (each applied in turn to
+  every piece the previous ones left, matches and the gaps between them both kept); each word's
+  UTF-8 bytes are mapped to printable characters (GPT-2's byte-to-unicode table) and merged by
+  the rank of `tokenizer.ggml.merges` ("left right" strings, highest priority first).
+- `llama`, SentencePiece BPE (Llama 2, Mistral/Mixtral, Phi-3): every text piece gets a leading
+  space, spaces become U+2581 (the whole piece is one word), and adjacent symbols are merged
+  while some pair forms a vocabulary token, the pair whose token has the highest
+  `tokenizer.ggml.scores` first. A character no token covers becomes its UTF-8 bytes as
+  `<0xXX>` tokens.
+
+Both become a HuggingFace `tokenizers.Tokenizer` (for SentencePiece, with merges derived from
+the scores). Control and unknown-type tokens written in the text are single tokens only when
+asked (`special=True`); user-defined tokens always are, as in llama.cpp.
+
+Decoding maps each token back to its bytes; `StreamDecoder` holds back an incomplete UTF-8
+sequence so that text can be printed as it is generated, and never raises on invalid bytes.
+
+Every inconsistency in the metadata (unknown kind or pre-tokenizer, arrays of different
+lengths, a merge naming a token that is not in the vocabulary, ...) and every failure inside
+`tokenizers` (including its Rust panics) is a one-line `TokenizerError`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 
-from sdq.errors import UnsupportedError
+from sdq.errors import TokenizerError
 
-# Word-splitting regexes per `tokenizer.ggml.pre` value. Letters attach at most one leading
-# non-letter (e.g. a space), digits are split one by one, punctuation runs keep one leading
-# space and trailing newlines, and whitespace before a word is left to that word.
-PRE_TOKENIZER_REGEX = {
-    "qwen2": (
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-        r"|[^\r\n\p{L}\p{N}]?\p{L}+"
-        r"|\p{N}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+"
-        r"|\s+(?!\S)"
-        r"|\s+"
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL = 1, 2, 3
+TOKEN_TYPE_USER_DEFINED, TOKEN_TYPE_UNUSED, TOKEN_TYPE_BYTE = 4, 5, 6
+SPACE_MARK = "\u2581"  # SentencePiece's visible space
+
+# --- pre-tokenizers (byte-level BPE) -------------------------------------------------------
+
+# English contractions, matched case by case (a case-insensitive group would also take the
+# long s U+017F for "s", which llama.cpp does not).
+_CONTRACTION = r"'(?:[sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD])"
+
+
+def _word_regex(letters: str, numbers: str, not_word: str) -> str:
+    """The Llama 3 / Qwen2 family: contractions, letters with at most one leading non-letter,
+    digit groups, punctuation runs with one leading space and trailing newlines, newline runs,
+    and whitespace (a run before a word leaves its last space to that word)."""
+    return (
+        f"{_CONTRACTION}|[^\\r\\n\\p{{L}}\\p{{N}}]?{letters}+|{numbers}"
+        f"| ?[^\\s{not_word}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+    )
+
+
+# GPT-2's split: lower-case contractions, then letters, digits or other runs with an optional
+# leading space, and whitespace not followed by a word.
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+
+def _ranges(pairs: tuple[tuple[int, int], ...]) -> str:
+    """A regex character-class body from inclusive code point ranges."""
+    return "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in pairs)
+
+
+# The cased letters (Lu, Ll, Lt) as the deepseek-llm tokenizer lists them.
+_DEEPSEEK_LETTERS = (
+    (0x41, 0x5A), (0x61, 0x7A), (0xB5, 0xB5), (0xC0, 0xD6), (0xD8, 0xF6), (0xF8, 0x1BA),
+    (0x1BC, 0x1BF), (0x1C4, 0x293), (0x295, 0x2AF), (0x370, 0x373), (0x376, 0x377),
+    (0x37B, 0x37D), (0x37F, 0x37F), (0x386, 0x386), (0x388, 0x38A), (0x38C, 0x38C),
+    (0x38E, 0x3A1), (0x3A3, 0x3F5), (0x3F7, 0x481), (0x48A, 0x52F), (0x531, 0x556),
+    (0x10A0, 0x10C5), (0x13A0, 0x13F5), (0x13F8, 0x13FD), (0x1C90, 0x1CBA), (0x1CBD, 0x1CBF),
+    (0x1D00, 0x1D2B), (0x1D6B, 0x1D77), (0x1D79, 0x1D9A), (0x1E00, 0x1F15), (0x1F18, 0x1F1D),
+    (0x1F20, 0x1F45), (0x1F48, 0x1F4D), (0x1F50, 0x1F57), (0x1F59, 0x1F59), (0x1F5B, 0x1F5B),
+    (0x1F5D, 0x1F5D), (0x1F5F, 0x1F7D), (0x1F80, 0x1FB4), (0x1FB6, 0x1FBC), (0x1FBE, 0x1FBE),
+    (0x1FC2, 0x1FC4), (0x1FC6, 0x1FCC), (0x1FD0, 0x1FD3), (0x1FD6, 0x1FDB), (0x1FE0, 0x1FEC),
+    (0x1FF2, 0x1FF4), (0x1FF6, 0x1FFC), (0x2102, 0x2102), (0x2107, 0x2107), (0x210A, 0x2113),
+    (0x2115, 0x2115), (0x2119, 0x211D), (0x2124, 0x2124), (0x2126, 0x2126), (0x2128, 0x2128),
+    (0x212A, 0x212D), (0x212F, 0x2134), (0x2139, 0x2139), (0x213C, 0x213F), (0x2145, 0x2149),
+    (0x214E, 0x214E), (0x2183, 0x2184), (0x2C00, 0x2C7B), (0x2C7E, 0x2CE4), (0x2CEB, 0x2CEE),
+    (0x2CF2, 0x2CF3), (0xA640, 0xA66D), (0xA680, 0xA69B), (0xA722, 0xA76F), (0xA771, 0xA787),
+    (0xA78B, 0xA78E), (0xAB70, 0xABBF), (0xFB00, 0xFB06), (0xFB13, 0xFB17), (0xFF21, 0xFF3A),
+    (0xFF41, 0xFF5A), (0x10400, 0x1044F), (0x104B0, 0x104D3), (0x104D8, 0x104FB),
+    (0x10C80, 0x10CB2), (0x10CC0, 0x10CF2), (0x118A0, 0x118DF), (0x1E900, 0x1E943),
+)  # fmt: skip
+# ASCII punctuation, fullwidth punctuation, curly quotes, ideographic space and full stops.
+_DEEPSEEK_PUNCT = ((0x21, 0x2F), (0x3A, 0x7E), (0xFF01, 0xFF0F), (0xFF1A, 0xFF5E),
+                   (0x2018, 0x201F), (0x3000, 0x3002))  # fmt: skip
+# CJK ideographs, then everything from Samaritan up to them, then Hangul.
+_DEEPSEEK_CJK = ((0x4E00, 0x9FA5), (0x800, 0x4E00), (0xAC00, 0xD7FF))
+# CJK ideographs, Hiragana, Katakana.
+_DEEPSEEK3_CJK = ((0x4E00, 0x9FA5), (0x3040, 0x309F), (0x30A0, 0x30FF))
+
+# GPT-4o (o200k): a word is upper-case letters then lower-case ones, or the reverse; letters
+# other than ASCII count as both (as in llama.cpp).
+_UPPER = r"(?:(?=\p{L})[^a-z])"
+_LOWER = r"(?:(?=\p{L})[^A-Z])"
+_GPT4O_REGEX = (
+    f"[^\\r\\n\\p{{L}}\\p{{N}}]?{_UPPER}*{_LOWER}+(?:{_CONTRACTION})?"
+    f"|[^\\r\\n\\p{{L}}\\p{{N}}]?{_UPPER}+{_LOWER}*(?:{_CONTRACTION})?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How one family of `tokenizer.ggml.pre` values splits text into words before BPE."""
+
+    regexes: tuple[str, ...]  # applied in turn; each splits every piece the previous ones left
+    ignore_merges: bool = False  # a word that is itself a token is that token, unmerged
+    add_bos: bool = False  # when the file has no tokenizer.ggml.add_bos_token
+
+
+_QWEN2 = PreTokenizer((_word_regex(r"\p{L}", r"\p{N}", r"\p{L}\p{N}"),))
+_LLAMA3_REGEX = _word_regex(r"\p{L}", r"\p{N}{1,3}", r"\p{L}\p{N}")
+_STARCODER = PreTokenizer((r"\p{N}", _GPT2_REGEX))
+_GPT2 = PreTokenizer((_GPT2_REGEX,))
+
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    # llama.cpp's choice when the file names none
+    "default": PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_REGEX, r"\p{N}+", r"[0-9][0-9][0-9]")),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan"), _QWEN2),
+    "qwen35": PreTokenizer((_word_regex(r"[\p{L}\p{M}]", r"\p{N}", r"\p{L}\p{M}\p{N}"),)),
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe"),
+        PreTokenizer((_LLAMA3_REGEX,), ignore_merges=True, add_bos=True),
     ),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), PreTokenizer((_LLAMA3_REGEX,))),
+    "deepseek-llm": PreTokenizer(
+        (
+            r"[\r\n]",
+            f"\\s?[{_ranges(_DEEPSEEK_LETTERS)}]+",
+            f"\\s?[{_ranges(_DEEPSEEK_PUNCT)}]+",
+            r"\s+$",
+            f"[{_ranges(_DEEPSEEK_CJK)}]+",
+            r"\p{N}+",
+        )
+    ),
+    "deepseek-coder": PreTokenizer(
+        (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", f"[{_ranges(_DEEPSEEK_CJK)}]+", r"\p{N}")
+    ),
+    "deepseek-v3": PreTokenizer(
+        (
+            r"\p{N}{1,3}",
+            f"[{_ranges(_DEEPSEEK3_CJK)}]+",
+            r"[!-/:-@\[-`{-~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+            r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        )
+    ),
+    "falcon": PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_REGEX, r"[0-9][0-9][0-9]")),
+    **dict.fromkeys(("starcoder", "refact", "command-r", "smollm"), _STARCODER),
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo"), _GPT2),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), PreTokenizer((_GPT4O_REGEX,))),
 }
 
-TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 3, 4
+TOKENIZER_MODELS = ("gpt2", "llama")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -51,20 +173,176 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 BYTE_TO_CHAR = _bytes_to_unicode()
 CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
+# str.translate table: a byte-level character -> the latin-1 character of its byte; the code
+# points below 256 that are not byte-level characters -> "?" (as is any other character,
+# by the latin-1 encoder's "replace")
+_TO_LATIN1 = {cp: "?" for cp in range(256)} | {ord(c): chr(b) for c, b in CHAR_TO_BYTE.items()}
+
+
+# --- calling `tokenizers` ------------------------------------------------------------------
+
+
+def _is_rust_panic(exc: BaseException) -> bool:
+    """pyo3 turns a Rust panic into `pyo3_runtime.PanicException`, a BaseException."""
+    return type(exc).__module__ == "pyo3_runtime" and type(exc).__name__ == "PanicException"
+
+
+def _hf_call(source: str, what: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), with any failure inside `tokenizers` as a one-line TokenizerError."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # tokenizers raises plain Exception for its errors
+        raise TokenizerError(f"{source}: {what} failed: {_first_line(exc)}") from None
+    except BaseException as exc:
+        if not _is_rust_panic(exc):
+            raise
+        raise TokenizerError(f"{source}: {what} failed: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --- reading and checking the metadata -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    """The `tokenizer.ggml.*` arrays, checked against each other."""
+
+    tokens: list[str]  # [V]
+    types: list[int]  # [V]
+    scores: list[float] | None  # [V], SentencePiece only
+
+
+def _read_vocabulary(meta: dict, source: str) -> _Vocabulary:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list | tuple) or len(tokens) == 0:
+        raise TokenizerError(f"{source}: empty or missing vocabulary (tokenizer.ggml.tokens)")
+    if set(map(type, tokens)) != {str}:
+        i = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
+        raise TokenizerError(f"{source}: token {i} is a {type(tokens[i]).__name__}, not a string")
+    n = len(tokens)
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is None:
+        types = [TOKEN_TYPE_NORMAL] * n
+    scores = meta.get("tokenizer.ggml.scores")
+    for key, values in (("token_type", types), ("scores", scores)):
+        if values is not None and (not isinstance(values, list | tuple) or len(values) != n):
+            got = len(values) if isinstance(values, list | tuple) else type(values).__name__
+            raise TokenizerError(f"{source}: tokenizer.ggml.{key} has {got} entries for {n} tokens")
+    if not set(map(type, types)) <= {int}:
+        raise TokenizerError(f"{source}: tokenizer.ggml.token_type holds a non-integer")
+    if scores is not None and not set(map(type, scores)) <= {int, float}:
+        raise TokenizerError(f"{source}: tokenizer.ggml.scores holds a non-number")
+    return _Vocabulary(list(tokens), list(types), None if scores is None else list(scores))
+
+
+def _special_id(meta: dict, key: str, n_vocab: int, source: str) -> int | None:
+    value = meta.get(f"tokenizer.ggml.{key}")
+    if value is None:
+        return None
+    if not isinstance(value, int) or not 0 <= value < n_vocab:
+        raise TokenizerError(
+            f"{source}: tokenizer.ggml.{key} is {value!r}, outside the {n_vocab}-token vocabulary"
+        )
+    return value
+
+
+def _bpe_merges(meta: dict, vocab: dict[str, int], source: str) -> list[tuple[str, str]]:
+    """The file's merges as (left, right) pairs, each piece and their join in the vocabulary.
+
+    The separator is the first space after the first character, as llama.cpp reads it. The
+    checks run over whole arrays (151k merges in a few tens of ms); the loop that names the
+    first bad entry runs only when one is bad."""
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is None:
+        return []
+    if not isinstance(merges, list | tuple) or not all(isinstance(m, str) for m in merges):
+        raise TokenizerError(f"{source}: tokenizer.ggml.merges is not an array of strings")
+    if not any(map(str.startswith, merges, repeat(" "))):  # else "  x": a space on the left
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        # a join missing from the vocabulary makes `tokenizers` panic: checked here; a
+        # missing piece is its error, which `_bpe_merge_error` then names
+        joins = map(str.replace, merges, repeat(" "), repeat(""), repeat(1))
+        if not pairs or (min(map(len, pairs)) == 2 and vocab.keys() >= set(joins)):
+            return pairs
+    else:
+        pairs = [_split_merge(m) for m in merges]
+        if all(p[1] is not None and p[0] + p[1] in vocab for p in pairs):
+            return pairs
+    _bpe_merge_error(merges, vocab, source)
+    return [_split_merge(m) for m in merges]  # not reached: the check above found a bad entry
+
+
+def _bpe_merge_error(merges: list[str], vocab: dict[str, int], source: str) -> None:
+    """Raise a TokenizerError naming the first merge that is malformed or names a piece (or
+    a join) missing from the vocabulary; return if there is none."""
+    for i, m in enumerate(merges):  # name the first bad entry
+        left, right = _split_merge(m)
+        if right is None:
+            raise TokenizerError(f"{source}: merge {i} ({m!r}) is not two tokens and a space")
+        for piece in (left, right, left + right):
+            if piece not in vocab:
+                raise TokenizerError(
+                    f"{source}: merge {i} ({m!r}) names {piece!r}, which is not in the vocabulary"
+                )
+
+
+def _split_merge(merge: str) -> tuple[str, str | None]:
+    cut = merge.find(" ", 1)
+    return (merge, None) if cut < 0 else (merge[:cut], merge[cut + 1 :])
+
+
+def _spm_merges(voc: _Vocabulary, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Merges equivalent to SentencePiece's rule: any two adjacent pieces whose join is a token
+    may merge, the join with the highest score first (ties: the lower id first)."""
+    scores = voc.scores or [0.0] * len(voc.tokens)
+    ranked = []  # (-score, id, left, right)
+    for joined, i in vocab.items():
+        for cut in range(1, len(joined)):
+            left, right = joined[:cut], joined[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], i, left, right))
+    ranked.sort()
+    return [(left, right) for _, _, left, right in ranked]
+
+
+def _pre_tokenizer(meta: dict, source: str) -> tuple[str, PreTokenizer]:
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        known = ", ".join(sorted(PRE_TOKENIZERS))
+        raise TokenizerError(f"{source}: unknown pre-tokenizer {pre!r} (known: {known})")
+    return pre, PRE_TOKENIZERS[pre]
+
+
+def _rstrip_specials(meta: dict) -> bool:
+    """Phi-3 files: text right after a special token loses its leading whitespace."""
+    name = str(meta.get("general.name", "")).lower()
+    return "phi-3" in name or "phi3" in name
+
+
+# --- the tokenizer -------------------------------------------------------------------------
 
 
 @dataclass
 class Tokenizer:
     """Encode text to token ids and decode ids to bytes/text, as llama.cpp does for the file."""
 
-    tokens: list[str]
-    token_types: list[int]
+    kind: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    pre: str | None  # tokenizer.ggml.pre for gpt2 (None for llama)
+    tokens: list[str]  # [V]
+    token_types: list[int]  # [V]
     bos_id: int | None
     eos_id: int | None
     eot_id: int | None
     add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool  # llama: a space before every text piece, removed by decode
+    source: str
     _hf: object  # tokenizers.Tokenizer
-    _token_bytes: list[bytes]
+    _token_bytes: list[bytes]  # [V]
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
@@ -74,51 +352,39 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: dict, source: str = "model") -> Tokenizer:
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
         kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise UnsupportedError(f"{source}: tokenizer model {kind!r} is not supported (gpt2)")
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        if pre not in PRE_TOKENIZER_REGEX:
-            known = ", ".join(sorted(PRE_TOKENIZER_REGEX))
-            raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported ({known})")
-        if not meta.get("tokenizer.ggml.tokens"):
-            raise UnsupportedError(f"{source}: no vocabulary (tokenizer.ggml.tokens)")
-        tokens = list(meta["tokenizer.ggml.tokens"])
-        types = list(meta.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens))
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-        vocab = {t: i for i, t in enumerate(tokens)}
-
-        hf = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(PRE_TOKENIZER_REGEX[pre]), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-        hf.decoder = decoders.ByteLevel()
-        special = [
-            AddedToken(t, special=True, normalized=False)
-            for t, ty in zip(tokens, types, strict=True)
-            if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
-        ]
-        hf.add_special_tokens(special)
-
-        token_bytes = []
-        for t, ty in zip(tokens, types, strict=True):
-            if ty == TOKEN_TYPE_NORMAL:
-                token_bytes.append(bytes(CHAR_TO_BYTE.get(c, 0x3F) for c in t))
-            else:
-                token_bytes.append(t.encode("utf-8"))
+        if kind not in TOKENIZER_MODELS:
+            raise TokenizerError(
+                f"{source}: tokenizer model {kind!r} is not supported"
+                f" (known: {', '.join(TOKENIZER_MODELS)})"
+            )
+        pre, spec = _pre_tokenizer(meta, source) if kind == "gpt2" else (None, None)
+        voc = _read_vocabulary(meta, source)
+        vocab = {t: i for i, t in enumerate(voc.tokens)}  # a repeated token: the last id wins
+        if kind == "gpt2":
+            hf, token_bytes = _build_byte_level(meta, voc, vocab, spec, source)
+            add_bos_default, add_space_prefix = spec.add_bos, False
+        else:
+            add_bos_default = True
+            add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+            merges = _spm_merges(voc, vocab)
+            what = "building the SentencePiece tokenizer"
+            hf = _hf_call(source, what, _sentencepiece_bpe, vocab, merges, add_space_prefix)
+            token_bytes = [_spm_bytes(t, ty) for t, ty in zip(voc.tokens, voc.types, strict=True)]
+        _hf_call(source, "adding the special tokens", _add_special_tokens, hf, voc, meta)
+        n = len(voc.tokens)
         return cls(
-            tokens=tokens,
-            token_types=types,
-            bos_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_id=meta.get("tokenizer.ggml.eos_token_id"),
-            eot_id=meta.get("tokenizer.ggml.eot_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            kind=kind,
+            pre=pre,
+            tokens=voc.tokens,
+            token_types=voc.types,
+            bos_id=_special_id(meta, "bos_token_id", n, source),
+            eos_id=_special_id(meta, "eos_token_id", n, source),
+            eot_id=_special_id(meta, "eot_token_id", n, source),
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+            add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+            add_space_prefix=add_space_prefix,
+            source=source,
             _hf=hf,
             _token_bytes=token_bytes,
         )
@@ -139,38 +405,128 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
         """Token ids of `text`. With `special`, control tokens written in the text
-        (e.g. `<|im_start|>`) become their ids; otherwise they are split like plain text."""
-        if special:
-            ids = self._hf.encode(text, add_special_tokens=False).ids
-        else:
-            ids = self._encode_plain(text)
+        (e.g. `<|im_start|>`) become their ids; otherwise they are split like plain text.
+        User-defined tokens are single tokens either way."""
+        hf = self._hf
+        hf.encode_special_tokens = not special
+        try:
+            ids = _hf_call(self.source, "tokenizing", hf.encode, text, add_special_tokens=False).ids
+        finally:
+            hf.encode_special_tokens = False
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return list(ids)
-
-    def _encode_plain(self, text: str) -> list[int]:
-        """Encode without recognising control tokens (they are split like any other text)."""
-        ids: list[int] = []
-        for word, _span in self._hf.pre_tokenizer.pre_tokenize_str(text):
-            ids.extend(tok.id for tok in self._hf.model.tokenize(word))
-        return ids
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes[token_id]
 
     def decode_bytes(self, ids, skip_special: bool = False) -> bytes:
+        """The bytes of `ids` joined; with `skip_special`, control and user-defined tokens are
+        left out."""
         parts = []
         for i in ids:
-            if skip_special and self.token_types[i] != TOKEN_TYPE_NORMAL:
+            if skip_special and self.token_types[i] not in (TOKEN_TYPE_NORMAL, TOKEN_TYPE_BYTE):
                 continue
             parts.append(self._token_bytes[i])
         return b"".join(parts)
 
     def decode(self, ids, skip_special: bool = False) -> str:
-        return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
+        """Text of `ids`; SentencePiece's leading space (added by encode) is removed. Invalid
+        UTF-8 becomes U+FFFD."""
+        data = self.decode_bytes(ids, skip_special)
+        if self.add_space_prefix and data.startswith(b" "):
+            data = data[1:]
+        return data.decode("utf-8", errors="replace")
 
     def stream(self, skip_special: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special)
+
+
+def _build_byte_level(meta: dict, voc: _Vocabulary, vocab: dict[str, int], spec, source: str):
+    """(tokenizers.Tokenizer, [V] token bytes) for a byte-level BPE file."""
+    merges = _bpe_merges(meta, vocab, source)
+    try:
+        hf = _hf_call(source, "building the BPE tokenizer", _byte_level_bpe, vocab, merges, spec)
+    except TokenizerError:
+        _bpe_merge_error(meta["tokenizer.ggml.merges"], vocab, source)  # names the entry
+        raise
+    token_bytes = [
+        t.translate(_TO_LATIN1).encode("latin-1", "replace")  # _byte_level_bytes, inlined
+        if ty == TOKEN_TYPE_NORMAL
+        else _byte_level_bytes(t, ty)
+        for t, ty in zip(voc.tokens, voc.types, strict=True)
+    ]
+    return hf, token_bytes
+
+
+def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], spec: PreTokenizer):
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    model = models.BPE(
+        vocab, merges, fuse_unk=False, byte_fallback=False, ignore_merges=spec.ignore_merges
+    )
+    hf = HFTokenizer(model)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in spec.regexes]
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+def _sentencepiece_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], space_prefix: bool):
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, normalizers
+
+    hf = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=True))
+    steps = [normalizers.Prepend(SPACE_MARK)] if space_prefix else []
+    hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE_MARK)])
+    return hf
+
+
+def _add_special_tokens(hf, voc: _Vocabulary, meta: dict) -> None:
+    """Control and unknown-type tokens: matched in the text only when asked; user-defined
+    tokens: always (llama.cpp's rule)."""
+    from tokenizers import AddedToken
+
+    rstrip = _rstrip_specials(meta)
+    special, user = [], []
+    for t, ty in zip(voc.tokens, voc.types, strict=True):
+        if not t:
+            continue
+        if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN):
+            keep_space = t in ("<unk>", "<s>", "<|endoftext|>")
+            special.append(
+                AddedToken(t, special=True, normalized=False, rstrip=rstrip and not keep_space)
+            )
+        elif ty == TOKEN_TYPE_USER_DEFINED:
+            user.append(AddedToken(t, special=False, normalized=False, rstrip=rstrip))
+    hf.add_special_tokens(special)
+    hf.add_tokens(user)
+
+
+def _byte_level_bytes(token: str, token_type: int) -> bytes:
+    """The bytes a byte-level BPE token stands for."""
+    if token_type == TOKEN_TYPE_NORMAL:
+        return token.translate(_TO_LATIN1).encode("latin-1", errors="replace")
+    if token_type == TOKEN_TYPE_UNUSED:
+        return b""
+    return token.encode("utf-8", errors="replace")
+
+
+def _spm_bytes(token: str, token_type: int) -> bytes:
+    """The bytes a SentencePiece token stands for: U+2581 is a space, <0xXX> one byte."""
+    if token_type == TOKEN_TYPE_NORMAL:
+        return token.replace(SPACE_MARK, " ").encode("utf-8", errors="replace")
+    if token_type == TOKEN_TYPE_BYTE:
+        try:
+            return bytes([int(token[3:5], 16)]) if len(token) == 6 else b""
+        except ValueError:
+            return b""
+    if token_type == TOKEN_TYPE_UNUSED:
+        return b""
+    return token.encode("utf-8", errors="replace")
 
 
 class StreamDecoder:
