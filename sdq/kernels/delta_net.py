@@ -1,0 +1,106 @@
+"""Gated delta-net ("linear attention") ops of qwen35moe, as NumPy references.
+
+Dimension key: T tokens, C conv channels, Kc conv taps, Hk key heads, Hv value heads
+(a multiple of Hk; value head h reads key head h % Hk, as ggml tiles them), S head dim of q, k
+and v (the state is S x S per value head).
+
+One delta-net block, per token t and value head h (ggml's gated_delta_net):
+
+    S_h <- exp(g_t,h) * S_h                       decay (g < 0)
+    d   <- beta_t,h * (v_t,h - S_h k_t,h)          what the state gets wrong about v
+    S_h <- S_h + d k_t,h^T                         delta-rule write
+    o   <- S_h q_t,h / sqrt(S)
+
+with q, k L2-normalized per head, beta = sigmoid(x W_beta), g = softplus(x W_alpha + dt_bias) * a
+(a = -exp(A_log) < 0). Before that, q/k/v pass a causal depthwise conv of Kc taps (the last
+Kc-1 inputs are the conv state) and SiLU; after it, a gated RMS norm: rms_norm(o) * silu(z).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def l2_norm_ref(x: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(sum(x^2) + eps) over the last axis (ggml: rms_norm(x, eps/n) / sqrt(n))."""
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def causal_conv_ref(
+    x: np.ndarray, w: np.ndarray, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Depthwise causal conv: out[t, c] = sum_j window[t + j, c] * w[c, j].
+
+    x [T, C] new inputs; w [C, Kc] taps (tap Kc-1 meets the current token); state [Kc-1, C]
+    the previous inputs (zeros for a new sequence). Returns out [T, C] (before SiLU) and the
+    new state [Kc-1, C] (the last Kc-1 rows of the window).
+    """
+    Kc = w.shape[1]
+    window = np.concatenate([state, x]).astype(np.float64)  # [Kc-1+T, C]
+    T = x.shape[0]
+    out = np.zeros((T, x.shape[1]), np.float64)  # [T, C]
+    for j in range(Kc):
+        out += window[j : j + T] * w[:, j]
+    return out, window[T:].copy() if Kc > 1 else window[:0].copy()
+
+
+def gated_delta_rule_ref(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The recurrence above, token by token.
+
+    q, k [T, Hk, S] (already L2-normalized); v [T, Hv, S]; g, beta [T, Hv]; state [Hv, S, S]
+    with state[h] @ k = the value the state recalls for key k. Returns o [T, Hv, S] and the new
+    state [Hv, S, S].
+    """
+    T, Hk, S = q.shape
+    Hv = v.shape[1]
+    s = np.array(state, np.float64)  # [Hv, S, S]
+    o = np.empty((T, Hv, S), np.float64)  # [T, Hv, S]
+    scale = 1.0 / np.sqrt(S)
+    for t in range(T):
+        for h in range(Hv):
+            kh, qh = k[t, h % Hk], q[t, h % Hk]  # [S]
+            s[h] *= np.exp(g[t, h])
+            d = beta[t, h] * (v[t, h] - s[h] @ kh)  # [S]
+            s[h] += np.outer(d, kh)
+            o[t, h] = (s[h] @ qh) * scale
+    return o, s
+
+
+def gated_rms_norm_ref(x: np.ndarray, w: np.ndarray, z: np.ndarray, eps: float) -> np.ndarray:
+    """rms_norm(x) * w * silu(z) over the last axis; x, z [..., S], w [S]."""
+    x = np.asarray(x, np.float64)
+    z = np.asarray(z, np.float64)
+    normed = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+    return normed * (z / (1.0 + np.exp(-z)))
+
+
+def softplus_ref(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)), computed without overflow."""
+    x = np.asarray(x, np.float64)
+    return np.logaddexp(0.0, x)
+
+
+def rope_partial_ref(x: np.ndarray, positions: np.ndarray, base: float, n_rot: int) -> np.ndarray:
+    """NeoX RoPE on the first n_rot dims of each head, the rest passed through.
+
+    x [T, H, Dh]; positions [T]. qwen35moe's multi-section RoPE reduces to this for text,
+    where every section's position is the token's position.
+    """
+    x = np.array(x, np.float64)
+    half = n_rot // 2
+    theta = np.asarray(positions, np.float64)[:, None] * base ** (
+        -2.0 * np.arange(half) / n_rot
+    )  # [T, half]
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [T, 1, half]
+    a, b = x[..., :half].copy(), x[..., half:n_rot].copy()
+    x[..., :half] = a * cos - b * sin
+    x[..., half:n_rot] = a * sin + b * cos
+    return x
