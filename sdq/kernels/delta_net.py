@@ -1,4 +1,4 @@
-"""Gated delta-net ("linear attention") ops of qwen35moe, as NumPy references.
+"""Gated delta-net ("linear attention") ops of qwen35moe: Numba kernels, NumPy references.
 
 Dimension key: T tokens, C conv channels, Kc conv taps, Hk key heads, Hv value heads
 (a multiple of Hk; value head h reads key head h % Hk, as ggml tiles them), S head dim of q, k
@@ -14,11 +14,122 @@ One delta-net block, per token t and value head h (ggml's gated_delta_net):
 with q, k L2-normalized per head, beta = sigmoid(x W_beta), g = softplus(x W_alpha + dt_bias) * a
 (a = -exp(A_log) < 0). Before that, q/k/v pass a causal depthwise conv of Kc taps (the last
 Kc-1 inputs are the conv state) and SiLU; after it, a gated RMS norm: rms_norm(o) * silu(z).
+
+Kernels (float32, caller-owned outputs; each `*_ref` is the float64 statement it is tested
+against): causal_conv_silu, l2_norm_heads, gated_delta_rule, decay_and_beta. The gated norm is
+sdq.kernels.ops.rms_norm then ops.silu_mul.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from numba import prange
+
+from sdq.kernels.jit import FLOAT_MATH, kernel
+
+
+@kernel(fastmath=FLOAT_MATH)
+def _causal_conv_silu(window, w, out):  # window [Kc-1+T, C], w [C, Kc], out [T, C]
+    T, C = out.shape
+    Kc = w.shape[1]
+    for t in range(T):
+        for c in range(C):
+            acc = np.float32(0.0)
+            for j in range(Kc):
+                acc += window[t + j, c] * w[c, j]
+            out[t, c] = acc / (np.float32(1.0) + np.float32(math.exp(-acc)))
+
+
+def causal_conv_silu(window: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out [T, C] = silu(causal conv) of window [Kc-1+T, C] (conv state rows, then the T new
+    inputs) with taps w [C, Kc]."""
+    _causal_conv_silu(window, w, out)
+
+
+@kernel(fastmath=FLOAT_MATH)
+def _l2_norm_heads(x, eps):  # x [T, H, S] in place
+    T, H, S = x.shape
+    for t in range(T):
+        for h in range(H):
+            ss = 0.0  # float64 accumulator
+            for i in range(S):
+                v = x[t, h, i]
+                ss += np.float64(v * v)
+            scale = np.float32(1.0 / math.sqrt(ss + eps))
+            for i in range(S):
+                x[t, h, i] *= scale
+
+
+def l2_norm_heads(x: np.ndarray, eps: float) -> None:
+    """x [T, H, S] /= sqrt(sum over S of x^2 + eps), in place (any strides)."""
+    _l2_norm_heads(x, np.float64(eps))
+
+
+@kernel(parallel=True, fastmath=FLOAT_MATH)
+def _gated_delta_rule(q, k, v, g, beta, state, out):
+    T, Hk, S = q.shape
+    Hv = v.shape[1]
+    scale = np.float32(1.0 / math.sqrt(S))
+    for h in prange(Hv):
+        s = state[h]  # [S, S]: row j = value dim j, column i = key dim i
+        hk = h % Hk
+        d = np.empty(S, np.float32)
+        for t in range(T):
+            decay = np.float32(math.exp(g[t, h]))
+            b = beta[t, h]
+            for j in range(S):
+                acc = np.float32(0.0)
+                for i in range(S):
+                    s[j, i] *= decay
+                    acc += s[j, i] * k[t, hk, i]
+                d[j] = (v[t, h, j] - acc) * b
+            for j in range(S):
+                dj = d[j]
+                acc = np.float32(0.0)
+                for i in range(S):
+                    s[j, i] += dj * k[t, hk, i]
+                    acc += s[j, i] * q[t, hk, i]
+                out[t, h, j] = acc * scale
+
+
+def gated_delta_rule(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """The recurrence of gated_delta_rule_ref in float32: state [Hv, S, S] updated in place,
+    out [T, Hv, S] written; q, k [T, Hk, S] (L2-normalized), v [T, Hv, S], g, beta [T, Hv].
+    Value heads run in parallel."""
+    _gated_delta_rule(q, k, v, g, beta, state, out)
+
+
+@kernel(fastmath=FLOAT_MATH)
+def _decay_and_beta(alpha, dt_bias, a, beta):  # alpha, beta [T, Hv] in place; dt_bias, a [Hv]
+    T, Hv = alpha.shape
+    for t in range(T):
+        for h in range(Hv):
+            x = alpha[t, h] + dt_bias[h]
+            sp = x if x > np.float32(20.0) else np.float32(math.log1p(math.exp(x)))
+            alpha[t, h] = sp * a[h]
+            beta[t, h] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-beta[t, h])))
+
+
+def decay_and_beta(alpha: np.ndarray, dt_bias: np.ndarray, a: np.ndarray, beta: np.ndarray):
+    """In place: alpha [T, Hv] -> g = softplus(alpha + dt_bias) * a (the log decay); beta
+    [T, Hv] -> sigmoid(beta)."""
+    _decay_and_beta(alpha, dt_bias, a, beta)
+
+
+def decay_and_beta_ref(alpha, dt_bias, a, beta) -> tuple[np.ndarray, np.ndarray]:
+    """(g, sigmoid(beta)) of decay_and_beta, float64."""
+    g = softplus_ref(np.asarray(alpha, np.float64) + dt_bias) * a
+    return g, 1.0 / (1.0 + np.exp(-np.asarray(beta, np.float64)))
 
 
 def l2_norm_ref(x: np.ndarray, eps: float) -> np.ndarray:

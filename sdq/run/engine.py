@@ -1,4 +1,5 @@
-"""The qwen3moe forward pass: dense weights resident, routed experts served by an expert source.
+"""The qwen3moe and qwen35moe forward passes: dense weights resident, routed experts served by
+an expert source.
 
 Dimension key:
     T  tokens in the ubatch          D  n_embd (hidden)           V  vocabulary
@@ -18,6 +19,13 @@ One ubatch (`Engine.forward`) runs every layer over T tokens at positions pos0..
         top-K of p, renormalised ; union of chosen experts -> expert source
         x += sum_k p_k * down_k(silu(gate_k f) * up_k f)    # experts that are ready first
     logits = output(rms_norm(x[-1]))                        # [V]
+
+qwen35moe (sdq.run.qwen35_reference states it in NumPy) replaces the attention of most blocks
+by a gated delta-net (sdq.kernels.delta_net; its conv and recurrent states are workspace
+buffers, zeroed by `reset`), gates the full attention's output with sigmoid values packed
+with Q, rotates only the first rope_dim dims of each head, normalizes before the MoE with
+post_attention_norm, and adds a shared expert behind a sigmoid gate to the routed experts'
+sum. Its routed experts go through the expert source exactly as qwen3moe's.
 
 The expert source is anything with the pager's `acquire / wait / views / release` API: the
 real `sdq.paging.cache.ExpertCache` (experts paged from the file into the arena) or
@@ -39,14 +47,14 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from sdq.errors import ReadError, SdqError, UnsupportedError
-from sdq.kernels import dequantize, ops
+from sdq.kernels import delta_net, dequantize, ops
 from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
 from sdq.kernels.dot import matmul_q
 from sdq.kernels.expert import QBlocks, expert_ffn
 from sdq.kernels.expert import supported as expert_kernel_supported
 from sdq.run.workspace import Workspace
 
-SUPPORTED_ARCHS = ("qwen3moe",)
+SUPPORTED_ARCHS = ("qwen3moe", "qwen35moe")
 PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "barrier", "other")
 
 
@@ -94,6 +102,52 @@ class LayerWeights:
     k_norm: np.ndarray  # [Dh]
     ffn_norm: np.ndarray  # [D]
     router: Matrix  # [E, D]
+
+
+@dataclass
+class GatedAttention:
+    """A qwen35moe full-attention block's weights."""
+
+    wq: Matrix  # [2*H*Dh, D]: per head Dh query rows, then Dh output-gate rows
+    wk: Matrix  # [Hkv*Dh, D]
+    wv: Matrix  # [Hkv*Dh, D]
+    wo: Matrix  # [D, H*Dh]
+    q_norm: np.ndarray  # [Dh]
+    k_norm: np.ndarray  # [Dh]
+
+
+@dataclass
+class DeltaNet:
+    """A qwen35moe delta-net block's weights (Cc conv channels, Hv value heads, S state)."""
+
+    wqkv: Matrix  # [Cc, D]
+    wz: Matrix  # [Hv*S, D] output gate
+    w_beta: Matrix  # [Hv, D]
+    w_alpha: Matrix  # [Hv, D]
+    conv: np.ndarray  # [Cc, Kc]
+    dt_bias: np.ndarray  # [Hv]
+    a: np.ndarray  # [Hv] -exp(A_log)
+    norm: np.ndarray  # [S]
+    wout: Matrix  # [D, Hv*S]
+
+
+@dataclass
+class SharedExpert:
+    gate: Matrix  # [Fs, D]
+    up: Matrix  # [Fs, D]
+    down: Matrix  # [D, Fs]
+    gate_inp: np.ndarray  # [1, D] sigmoid gate of the expert's output
+
+
+@dataclass
+class HybridLayer:
+    """A qwen35moe block: a delta-net or gated full attention, then routed + shared experts."""
+
+    attn_norm: np.ndarray  # [D]
+    mixer: GatedAttention | DeltaNet
+    ffn_norm: np.ndarray  # [D] post_attention_norm
+    router: Matrix  # [E, D]
+    shared: SharedExpert
 
 
 @dataclass
@@ -145,7 +199,9 @@ class DenseWeights:
         embd = matrix("token_embd.weight")
         output = matrix("output.weight") if "output.weight" in tensors else embd
         layers = []
-        for il in range(model.spec.n_layer):
+        if model.spec.hybrid is not None:
+            layers = [_hybrid_layer(model, il, matrix, vector) for il in range(model.spec.n_layer)]
+        for il in range(model.spec.n_layer if model.spec.hybrid is None else 0):
             p = f"blk.{il}."
             layers.append(
                 LayerWeights(
@@ -161,6 +217,43 @@ class DenseWeights:
                 )
             )
         return cls(embd, vector("output_norm.weight"), output, layers)
+
+
+def _hybrid_layer(model, il: int, matrix, vector) -> HybridLayer:
+    p, hy = f"blk.{il}.", model.spec.hybrid
+    if il in hy.recurrent_layers:
+        mixer = DeltaNet(
+            wqkv=matrix(p + "attn_qkv.weight"),
+            wz=matrix(p + "attn_gate.weight"),
+            w_beta=matrix(p + "ssm_beta.weight"),
+            w_alpha=matrix(p + "ssm_alpha.weight"),
+            conv=vector(p + "ssm_conv1d.weight").reshape(hy.conv_channels, hy.conv_kernel),
+            dt_bias=vector(p + "ssm_dt.bias"),
+            a=vector(p + "ssm_a"),
+            norm=vector(p + "ssm_norm.weight"),
+            wout=matrix(p + "ssm_out.weight"),
+        )
+    else:
+        mixer = GatedAttention(
+            wq=matrix(p + "attn_q.weight"),
+            wk=matrix(p + "attn_k.weight"),
+            wv=matrix(p + "attn_v.weight"),
+            wo=matrix(p + "attn_output.weight"),
+            q_norm=vector(p + "attn_q_norm.weight"),
+            k_norm=vector(p + "attn_k_norm.weight"),
+        )
+    return HybridLayer(
+        attn_norm=vector(p + "attn_norm.weight"),
+        mixer=mixer,
+        ffn_norm=vector(p + "post_attention_norm.weight"),
+        router=matrix(p + "ffn_gate_inp.weight"),
+        shared=SharedExpert(
+            gate=matrix(p + "ffn_gate_shexp.weight"),
+            up=matrix(p + "ffn_up_shexp.weight"),
+            down=matrix(p + "ffn_down_shexp.weight"),
+            gate_inp=vector(p + "ffn_gate_inp_shexp.weight").reshape(1, -1),
+        ),
+    )
 
 
 # --- expert sources -------------------------------------------------------------------------
@@ -286,7 +379,9 @@ class Engine:
         spec = model.spec
         if spec.arch not in SUPPORTED_ARCHS:
             raise UnsupportedError(f"{model.path}: architecture {spec.arch!r} is not supported")
-        if spec.n_shared_expert:
+        if spec.arch == "qwen35moe":
+            _check_hybrid(model)
+        elif spec.n_shared_expert:
             raise UnsupportedError(
                 f"{model.path}: {spec.n_shared_expert} shared experts (qwen3moe has none)"
             )
@@ -319,9 +414,20 @@ class Engine:
         self.prefetch_next = 0
         self.phase = "prefill"
         self.n_past = 0
+        hy = spec.hybrid
+        # workspace row of each block's KV cache / delta-net state
+        recurrent = hy.recurrent_layers if hy is not None else ()
+        attn = [il for il in range(spec.n_layer) if il not in recurrent]
+        self.kv_row = {il: i for i, il in enumerate(attn)}
+        self.state_row = {il: i for i, il in enumerate(recurrent)}
+        self.reset()
 
     def reset(self) -> None:
+        """Forget the sequence: the KV cache position and the delta-net states."""
         self.n_past = 0
+        if self.spec.hybrid is not None:
+            self.ws.conv_cache[...] = 0.0
+            self.ws.ssm_cache[...] = 0.0
 
     # -- one ubatch --------------------------------------------------------------------------
 
@@ -347,11 +453,19 @@ class Engine:
         x = ws.x[:T]  # [T, D]
         x[:] = w.token_embd.rows_of(tokens)
         positions = np.arange(self.n_past, self.n_past + T, dtype=np.float32)
-        self._rope = ops.rope_tables(positions, self.spec.rope_base, self.spec.head_dim)
+        hy = self.spec.hybrid
+        n_rot = hy.rope_dim if hy is not None else self.spec.head_dim
+        self._rope = ops.rope_tables(positions, self.spec.rope_base, n_rot)
         self.timers.add("other", time.perf_counter() - t0)
 
         for il, lw in enumerate(w.layers):
-            self._attention_block(il, lw, T)
+            if isinstance(lw, HybridLayer):
+                if isinstance(lw.mixer, DeltaNet):
+                    self._delta_net_block(il, lw, T)
+                else:
+                    self._gated_attention_block(il, lw, T)
+            else:
+                self._attention_block(il, lw, T)
             self._moe_block(il, lw, T)
         self.n_past += T
 
@@ -399,6 +513,91 @@ class Engine:
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)
 
+    def _gated_attention_block(self, il: int, lw: HybridLayer, T: int) -> None:
+        """qwen35moe full attention: Q packed with a sigmoid output gate, partial RoPE."""
+        t0 = time.perf_counter()
+        s, ws, m = self.spec, self.ws, lw.mixer
+        H, Hkv, Dh, eps = s.n_head, s.n_head_kv, s.head_dim, s.rms_eps
+        n_rot, p0, row = s.hybrid.rope_dim, self.n_past, self.kv_row[il]
+        x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
+        qg, k, v = ws.q[:T], ws.k[:T], ws.v[:T]  # [T, 2*H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
+        ops.rms_norm(x, lw.attn_norm, eps, xn)
+        acts = Activations(xn)
+        m.wq.mul(acts, qg)
+        m.wk.mul(acts, k)
+        m.wv.mul(acts, v)
+        qg4 = qg.reshape(T, H, 2, Dh)
+        q3 = ws.q_heads[:T].reshape(T, H, Dh)
+        q3[:] = qg4[:, :, 0]
+        k3 = k.reshape(T, Hkv, Dh)
+        ops.rms_norm(q3, m.q_norm, eps, q3)
+        ops.rms_norm(k3, m.k_norm, eps, k3)
+        cos, sin = self._rope  # [T, n_rot/2] each
+        ops.rope_neox(q3[:, :, :n_rot], cos, sin)
+        ops.rope_neox(k3[:, :, :n_rot], cos, sin)
+        ws.k_cache[row, p0 : p0 + T] = k
+        ws.v_cache[row, p0 : p0 + T] = v
+        attn = ws.attn[:T]  # [T, H*Dh]
+        attn3 = attn.reshape(T, H, Dh)
+        ops.attention(q3, ws.k_cache[row], ws.v_cache[row], p0, Hkv, ws.scores, attn3)
+        gate = qg4[:, :, 1]  # [T, H, Dh] view
+        np.negative(gate, out=gate)
+        np.exp(gate, out=gate)
+        gate += np.float32(1.0)
+        attn3 /= gate  # attn * sigmoid(gate)
+        m.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
+        x += xn
+        self.timers.add("attention", time.perf_counter() - t0)
+
+    def _delta_net_block(self, il: int, lw: HybridLayer, T: int) -> None:
+        """qwen35moe gated delta-net: conv over q/k/v, the recurrent state, gated norm."""
+        t0 = time.perf_counter()
+        s, ws, m, hy = self.spec, self.ws, lw.mixer, self.spec.hybrid
+        Kc, S, Hk, Hv, eps = hy.conv_kernel, hy.state, hy.k_heads, hy.v_heads, s.rms_eps
+        row = self.state_row[il]
+        x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
+        ops.rms_norm(x, lw.attn_norm, eps, xn)
+        acts = Activations(xn)
+        window = ws.conv_window[: Kc - 1 + T]  # [Kc-1+T, Cc]
+        window[: Kc - 1] = ws.conv_cache[row]
+        m.wqkv.mul(acts, window[Kc - 1 :])
+        ws.conv_cache[row] = window[T:]  # the last Kc-1 inputs
+        conv = ws.conv_out[:T]  # [T, Cc]
+        delta_net.causal_conv_silu(window, m.conv, conv)
+        z, alpha, beta = ws.z[:T], ws.alpha[:T], ws.beta[:T]  # [T, Hv*S], [T, Hv] x2
+        m.wz.mul(acts, z)
+        m.w_alpha.mul(acts, alpha)
+        m.w_beta.mul(acts, beta)
+        delta_net.decay_and_beta(alpha, m.dt_bias, m.a, beta)
+        q = conv[:, : Hk * S].reshape(T, Hk, S)
+        k = conv[:, Hk * S : 2 * Hk * S].reshape(T, Hk, S)
+        v = conv[:, 2 * Hk * S :].reshape(T, Hv, S)
+        delta_net.l2_norm_heads(q, eps)
+        delta_net.l2_norm_heads(k, eps)
+        lin = ws.lin[:T]  # [T, Hv*S]
+        lin3 = lin.reshape(T, Hv, S)
+        delta_net.gated_delta_rule(q, k, v, alpha, beta, ws.ssm_cache[row], lin3)
+        ops.rms_norm(lin3, m.norm, eps, lin3)
+        ops.silu_mul(z, lin)  # z = silu(z) * rms_norm(o)
+        m.wout.mul(Activations(z), xn)  # xn reused as the projection's output [T, D]
+        x += xn
+        self.timers.add("attention", time.perf_counter() - t0)
+
+    def _shared_expert(self, lw: HybridLayer, T: int, acts: Activations, out: np.ndarray):
+        """out += sigmoid(xn . w_gate) * down(silu(gate xn) * up xn); acts holds xn [T, D]."""
+        ws, sh = self.ws, lw.shared
+        g, u, d, w = ws.shexp_gate[:T], ws.shexp_up[:T], ws.shexp_out[:T], ws.shexp_w[:T]
+        sh.gate.mul(acts, g)
+        sh.up.mul(acts, u)
+        ops.silu_mul(g, u)
+        sh.down.mul(Activations(g), d)
+        np.dot(ws.xn[:T], sh.gate_inp[0], out=w[:, 0])
+        np.negative(w, out=w)
+        np.exp(w, out=w)
+        w += np.float32(1.0)
+        d /= w
+        out += d
+
     def _moe_block(self, il: int, lw: LayerWeights, T: int) -> None:
         t0 = time.perf_counter()
         s, ws = self.spec, self.ws
@@ -438,6 +637,8 @@ class Engine:
         out[:] = parts[:, 0]
         for k in range(1, K):  # top-K order: the sum does not depend on which experts were hits
             out += parts[:, k]
+        if isinstance(lw, HybridLayer):
+            self._shared_expert(lw, T, acts, out)
         x += out
         t2 = time.perf_counter()
         self.timers.add("io_wait", wait_s)
@@ -607,6 +808,26 @@ class Engine:
         matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d)
         d *= w
         ws.ffn_parts[rows, slots] = d  # a token picks an expert at most once
+
+
+def _check_hybrid(model) -> None:
+    """One-line refusals of qwen35moe files the engine cannot run."""
+    spec, path = model.spec, model.path
+    hy = spec.hybrid
+    if hy is None:
+        raise UnsupportedError(f"{path}: qwen35moe without its ssm.* (delta-net) keys")
+    if spec.n_shared_expert != 1 or not spec.shared_ffn:
+        raise UnsupportedError(
+            f"{path}: {spec.n_shared_expert} shared experts of {spec.shared_ffn} rows; "
+            "qwen35moe has one"
+        )
+    if hy.rope_dim > spec.head_dim or hy.rope_dim % 2:
+        raise UnsupportedError(f"{path}: RoPE dims {hy.rope_dim} for head dim {spec.head_dim}")
+    for il in range(spec.n_layer):
+        if il not in hy.recurrent_layers and f"blk.{il}.attn_q.weight" not in model.tensors:
+            raise UnsupportedError(f"{path}: block {il} has no attn_q (fused attn_qkv?)")
+    if "blk.0.ssm_ba.weight" in model.tensors:
+        raise UnsupportedError(f"{path}: fused ssm_ba tensors (separate ssm_alpha/ssm_beta only)")
 
 
 def pool_barrier(spans, workers: int, t_handed: float, t_end: float) -> float:

@@ -231,6 +231,8 @@ def transient_bytes(spec, n_ubatch: int, compute_threads: int = 1) -> int:
                                as 8-bit blocks for each weight type (Q8_K and Q8_0: ~1.2 B
                                per value each), and the expert hidden rows [T, F] per worker
       route indices            [T, K] int64 twice (np.nonzero of a ubatch's routes)
+      qwen35moe                the delta-net output [T, Hv*S] and the shared expert's hidden
+                               rows [T, Fs] as 8-bit blocks
     """
     T, D, F = n_ubatch, spec.n_embd, spec.expert_ffn
     HD, Dh, K = spec.n_head * spec.head_dim, spec.head_dim, spec.n_expert_used
@@ -242,6 +244,9 @@ def transient_bytes(spec, n_ubatch: int, compute_threads: int = 1) -> int:
         + 5 * T * F * W // 2  # converted expert hidden rows
         + 16 * T * K  # route indices
     )
+    hybrid = getattr(spec, "hybrid", None)
+    if hybrid is not None:  # qwen35moe: delta-net output and shared-expert hidden rows converted
+        arrays += 5 * T * (hybrid.inner_size + spec.shared_ffn) // 2
     return pages(arrays) + RUN_OBJECTS_BYTES
 
 

@@ -29,7 +29,10 @@ def workspace_layout(
     L, C, T, W = spec.n_layer, n_ctx, n_ubatch, max(int(workers), 1)
     D, H, Hkv, Dh = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim
     E, K, F, V = spec.n_expert, spec.n_expert_used, spec.expert_ffn, spec.n_vocab
-    return {
+    hybrid = getattr(spec, "hybrid", None)
+    if hybrid is not None:
+        L -= len(hybrid.recurrent_layers)  # only the full-attention blocks have a KV cache
+    layout = {
         # KV cache
         "k_cache": ((L, C, Hkv * Dh), np.float32),  # [L, C, Hkv*Dh]
         "v_cache": ((L, C, Hkv * Dh), np.float32),  # [L, C, Hkv*Dh]
@@ -56,6 +59,36 @@ def workspace_layout(
         "ffn_parts": ((T, K, D), np.float32),
         "ffn_out": ((T, D), np.float32),  # weighted sum over the experts
         "logits": ((V,), np.float32),
+    }
+    if hybrid is not None:
+        layout.update(_hybrid_layout(spec, hybrid, T))
+    return layout
+
+
+def _hybrid_layout(spec, hy, T: int) -> dict[str, tuple[tuple[int, ...], type]]:
+    """qwen35moe's extra buffers: the delta-net blocks' per-sequence states (named *cache:
+    the plan counts them with the KV cache), their compute buffers and the shared expert's.
+
+    Lr delta-net blocks, Kc conv taps, Cc conv channels, Hv value heads, S state size,
+    Fs shared-expert FFN size."""
+    Lr, Kc, Cc = len(hy.recurrent_layers), hy.conv_kernel, hy.conv_channels
+    Hv, S, Fs = hy.v_heads, hy.state, spec.shared_ffn
+    H, Dh, D = spec.n_head, spec.head_dim, spec.n_embd
+    return {
+        "conv_cache": ((Lr, Kc - 1, Cc), np.float32),  # the last Kc-1 conv inputs
+        "ssm_cache": ((Lr, Hv, S, S), np.float32),  # the delta-net state
+        "q": ((T, 2 * H * Dh), np.float32),  # per head: Dh query values, Dh output-gate values
+        "q_heads": ((T, H * Dh), np.float32),  # the query values, contiguous
+        "conv_window": ((Kc - 1 + T, Cc), np.float32),  # conv state rows, then the new inputs
+        "conv_out": ((T, Cc), np.float32),  # silu(conv): q, k, v
+        "z": ((T, Hv * S), np.float32),  # output gate, then the gated-normed output
+        "lin": ((T, Hv * S), np.float32),  # delta-net output
+        "alpha": ((T, Hv), np.float32),  # -> log decay g
+        "beta": ((T, Hv), np.float32),
+        "shexp_gate": ((T, Fs), np.float32),
+        "shexp_up": ((T, Fs), np.float32),
+        "shexp_out": ((T, D), np.float32),
+        "shexp_w": ((T, 1), np.float32),  # sigmoid gate of the shared expert
     }
 
 
