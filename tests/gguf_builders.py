@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGUFValueType, GGUFWriter
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
 
@@ -44,6 +44,7 @@ class Layout:
     dense_qtype: GGMLQuantizationType = Q.F16
     extra_kv: dict = field(default_factory=dict)
     extra_tensors: dict = field(default_factory=dict)  # name -> (NumPy shape, qtype)
+    tokenizer: dict | None = None  # tokenizer.* keys -> values; None: gpt2 with tokens tok0..
 
 
 def _tensor(rng, shape_np: tuple[int, ...], qtype: GGMLQuantizationType) -> np.ndarray:
@@ -89,8 +90,11 @@ def write_model(path: Path, lay: Layout, seed: int = 0) -> tuple[Path, dict[str,
         w.add_nextn_predict_layers(lay.nextn)
     for key, value in lay.extra_kv.items():
         w.add_key_value(key, *value)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"tok{i}" for i in range(lay.n_vocab)])
+    if lay.tokenizer is None:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list([f"tok{i}" for i in range(lay.n_vocab)])
+    else:
+        add_key_values(w, lay.tokenizer)
 
     routed: dict[str, np.ndarray] = {}
 
@@ -154,3 +158,48 @@ def write_model(path: Path, lay: Layout, seed: int = 0) -> tuple[Path, dict[str,
     w.write_tensors_to_file()
     w.close()
     return Path(path), routed
+
+
+_SCALAR_TYPES = {str: GGUFValueType.STRING, bool: GGUFValueType.BOOL, float: GGUFValueType.FLOAT32}
+
+
+def _value_type(value) -> GGUFValueType:
+    """The GGUF type a Python value is written as (int: UINT32, or INT32 when negative)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return GGUFValueType.INT32 if value < 0 else GGUFValueType.UINT32
+    return _SCALAR_TYPES[type(value)]
+
+
+def add_key_values(w: GGUFWriter, kv: dict) -> None:
+    """Write metadata keys, each typed from its Python value; a list is an array typed from its
+    first element (ints as INT32; an empty list is an array of strings)."""
+    for key, value in kv.items():
+        if isinstance(value, list | tuple):
+            first = value[0] if len(value) else ""
+            sub = GGUFValueType.INT32 if type(first) is int else _value_type(first)
+            w.add_key_value(key, list(value), GGUFValueType.ARRAY, sub_type=sub)
+        else:
+            w.add_key_value(key, value, _value_type(value))
+
+
+def write_vocab(path: Path, kv: dict, arch: str = "llama") -> Path:
+    """A vocabulary-only GGUF (no tensors) holding `kv`, as llama.cpp's ggml-vocab-*.gguf are."""
+    w = GGUFWriter(path, arch)
+    add_key_values(w, kv)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def copy_vocab(src: Path, dst: Path, **changes) -> Path:
+    """A copy of the vocabulary-only GGUF `src` with some keys changed (`changes` maps
+    `tokenizer.ggml.<key>` suffixes to new values, e.g. pre="dbrx")."""
+    from sdq.format.header import read_header
+
+    meta = dict(read_header(src).metadata)
+    arch = meta.pop("general.architecture")
+    meta.pop("general.alignment", None)
+    meta.update({f"tokenizer.ggml.{k}": v for k, v in changes.items()})
+    return write_vocab(dst, meta, arch)

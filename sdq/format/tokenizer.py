@@ -27,6 +27,7 @@ lengths, a merge naming a token that is not in the vocabulary, ...) and every fa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -239,6 +240,53 @@ def _read_vocabulary(meta: dict, source: str) -> _Vocabulary:
     return _Vocabulary(list(tokens), list(types), None if scores is None else list(scores))
 
 
+# Token texts llama.cpp treats as control tokens whatever the file's token_type says: the
+# end-of-generation tokens, and for each fill-in-the-middle role the file gives no id for, the
+# first of its candidates the vocabulary holds.
+_END_OF_GENERATION = frozenset((
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+))  # fmt: skip
+_FILL_IN_MIDDLE = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>",
+                "<PRE>", "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>",
+                "<SUF>", "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>",
+                "<MID>", "\u2581<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}  # fmt: skip
+
+
+def _effective_types(voc: _Vocabulary, vocab: dict[str, int], meta: dict) -> list[int]:
+    """[V] token types as llama.cpp uses them: control-looking tokens made control; with the
+    harmony tool tokens `<|end|>` is user-defined, and with `<|tool_response>` `</s>` normal."""
+    types = list(voc.types)
+    for text in _END_OF_GENERATION & vocab.keys():
+        types[vocab[text]] = _as_control(types[vocab[text]])
+    for role, texts in _FILL_IN_MIDDLE.items():
+        found = [vocab[t] for t in texts if t in vocab]
+        if found and meta.get(f"tokenizer.ggml.{role}_token_id") is None:
+            types[min(found)] = _as_control(types[min(found)])
+    have = vocab.keys()
+    calls = "<|call|>" in have or "<|calls|>" in have
+    if "<|end|>" in have and calls and ("<|return|>" in have or "<|flush|>" in have):
+        types[vocab["<|end|>"]] = TOKEN_TYPE_USER_DEFINED
+    if "</s>" in have and ("<|tool_response>" in have or "<|plamo:eos|>" in have):
+        types[vocab["</s>"]] = TOKEN_TYPE_NORMAL
+    return types
+
+
+def _as_control(token_type: int) -> int:
+    return (
+        token_type if token_type in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN) else TOKEN_TYPE_CONTROL
+    )
+
+
 def _special_id(meta: dict, key: str, n_vocab: int, source: str) -> int | None:
     value = meta.get(f"tokenizer.ggml.{key}")
     if value is None:
@@ -317,10 +365,35 @@ def _pre_tokenizer(meta: dict, source: str) -> tuple[str, PreTokenizer]:
     return pre, PRE_TOKENIZERS[pre]
 
 
-def _rstrip_specials(meta: dict) -> bool:
-    """Phi-3 files: text right after a special token loses its leading whitespace."""
+_KEEP_SPACE_AFTER = frozenset(("<unk>", "<s>", "<|endoftext|>"))
+
+
+def _rstrip_patterns(voc: _Vocabulary, meta: dict) -> dict[bool, re.Pattern] | None:
+    """Phi-3 files (by name, as llama.cpp decides): the ASCII whitespace right after a special
+    token other than <unk>, <s> and <|endoftext|> is dropped. {special: pattern matching a
+    token parsed in that mode and the whitespace after it}, or None for other files."""
     name = str(meta.get("general.name", "")).lower()
-    return "phi-3" in name or "phi3" in name
+    if "phi-3" not in name and "phi3" not in name:
+        return None
+    control = (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
+    patterns = {}
+    for special in (True, False):
+        parsed = {
+            t
+            for t, ty in zip(voc.tokens, voc.types, strict=True)
+            if t and (ty == TOKEN_TYPE_USER_DEFINED or (special and ty in control))
+        }
+        if not parsed:
+            patterns[special] = re.compile(r"(?!)")  # matches nothing
+            continue
+        alternatives = "|".join(map(re.escape, sorted(parsed, key=len, reverse=True)))
+        patterns[special] = re.compile(f"({alternatives})[ \t\n\v\f\r]*")
+    return patterns
+
+
+def _drop_space_after(match: re.Match) -> str:
+    token = match.group(1)
+    return match.group(0) if token in _KEEP_SPACE_AFTER else token
 
 
 # --- the tokenizer -------------------------------------------------------------------------
@@ -343,6 +416,7 @@ class Tokenizer:
     source: str
     _hf: object  # tokenizers.Tokenizer
     _token_bytes: list[bytes]  # [V]
+    _rstrip: dict[bool, re.Pattern] | None  # whitespace dropped after special tokens (Phi-3)
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
@@ -361,6 +435,7 @@ class Tokenizer:
         pre, spec = _pre_tokenizer(meta, source) if kind == "gpt2" else (None, None)
         voc = _read_vocabulary(meta, source)
         vocab = {t: i for i, t in enumerate(voc.tokens)}  # a repeated token: the last id wins
+        voc = _Vocabulary(voc.tokens, _effective_types(voc, vocab, meta), voc.scores)
         if kind == "gpt2":
             hf, token_bytes = _build_byte_level(meta, voc, vocab, spec, source)
             add_bos_default, add_space_prefix = spec.add_bos, False
@@ -371,7 +446,7 @@ class Tokenizer:
             what = "building the SentencePiece tokenizer"
             hf = _hf_call(source, what, _sentencepiece_bpe, vocab, merges, add_space_prefix)
             token_bytes = [_spm_bytes(t, ty) for t, ty in zip(voc.tokens, voc.types, strict=True)]
-        _hf_call(source, "adding the special tokens", _add_special_tokens, hf, voc, meta)
+        _hf_call(source, "adding the special tokens", _add_special_tokens, hf, voc)
         n = len(voc.tokens)
         return cls(
             kind=kind,
@@ -387,6 +462,7 @@ class Tokenizer:
             source=source,
             _hf=hf,
             _token_bytes=token_bytes,
+            _rstrip=_rstrip_patterns(voc, meta),
         )
 
     @property
@@ -407,6 +483,8 @@ class Tokenizer:
         """Token ids of `text`. With `special`, control tokens written in the text
         (e.g. `<|im_start|>`) become their ids; otherwise they are split like plain text.
         User-defined tokens are single tokens either way."""
+        if self._rstrip is not None:
+            text = self._rstrip[special].sub(_drop_space_after, text)
         hf = self._hf
         hf.encode_special_tokens = not special
         try:
@@ -485,23 +563,19 @@ def _sentencepiece_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], spa
     return hf
 
 
-def _add_special_tokens(hf, voc: _Vocabulary, meta: dict) -> None:
+def _add_special_tokens(hf, voc: _Vocabulary) -> None:
     """Control and unknown-type tokens: matched in the text only when asked; user-defined
     tokens: always (llama.cpp's rule)."""
     from tokenizers import AddedToken
 
-    rstrip = _rstrip_specials(meta)
     special, user = [], []
     for t, ty in zip(voc.tokens, voc.types, strict=True):
         if not t:
             continue
         if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN):
-            keep_space = t in ("<unk>", "<s>", "<|endoftext|>")
-            special.append(
-                AddedToken(t, special=True, normalized=False, rstrip=rstrip and not keep_space)
-            )
+            special.append(AddedToken(t, special=True, normalized=False))
         elif ty == TOKEN_TYPE_USER_DEFINED:
-            user.append(AddedToken(t, special=False, normalized=False, rstrip=rstrip))
+            user.append(AddedToken(t, special=False, normalized=False))
     hf.add_special_tokens(special)
     hf.add_tokens(user)
 
