@@ -172,7 +172,7 @@ def _value_type(value) -> GGUFValueType:
 
 def add_key_values(w: GGUFWriter, kv: dict) -> None:
     """Write metadata keys, each typed from its Python value; a list is an array typed from its
-    first element (ints as INT32; an empty list is an array of strings)."""
+    first element (ints as INT32; gguf-py refuses empty arrays)."""
     for key, value in kv.items():
         if isinstance(value, list | tuple):
             first = value[0] if len(value) else ""

@@ -482,7 +482,8 @@ class Tokenizer:
     def encode(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
         """Token ids of `text`. With `special`, control tokens written in the text
         (e.g. `<|im_start|>`) become their ids; otherwise they are split like plain text.
-        User-defined tokens are single tokens either way."""
+        User-defined tokens are single tokens either way. (The mode is a flag on the shared
+        `tokenizers` object: one thread encodes at a time.)"""
         if self._rstrip is not None:
             text = self._rstrip[special].sub(_drop_space_after, text)
         hf = self._hf
