@@ -27,6 +27,7 @@ lengths, a merge naming a token that is not in the vocabulary, ...) and every fa
 
 from __future__ import annotations
 
+import codecs
 import re
 from dataclasses import dataclass
 from itertools import repeat
@@ -174,10 +175,19 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 BYTE_TO_CHAR = _bytes_to_unicode()
 CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
-# str.translate table: a byte-level character -> the latin-1 character of its byte; the code
-# points below 256 that are not byte-level characters -> "?" (as is any other character,
-# by the latin-1 encoder's "replace")
-_TO_LATIN1 = {cp: "?" for cp in range(256)} | {ord(c): chr(b) for c, b in CHAR_TO_BYTE.items()}
+# A byte-level token's bytes are `token.translate(_TO_LATIN1).encode("latin-1", _PASS_UTF8)`:
+# a byte-level character becomes the latin-1 character of its byte; any other character
+# (some vocabularies hold raw symbols such as "\u2122") stands for its own UTF-8 bytes:
+# spelled out as latin-1 characters below 256, given by the `_PASS_UTF8` error handler above 255.
+_TO_LATIN1 = {ord(c): chr(b) for c, b in CHAR_TO_BYTE.items()} | {
+    cp: chr(cp).encode("utf-8").decode("latin-1")
+    for cp in range(0x80, 0x100)
+    if chr(cp) not in CHAR_TO_BYTE
+}
+_PASS_UTF8 = "sdq-pass-utf8"
+codecs.register_error(
+    _PASS_UTF8, lambda e: (e.object[e.start : e.end].encode("utf-8", "replace"), e.end)
+)
 
 
 # --- calling `tokenizers` ------------------------------------------------------------------
@@ -530,7 +540,7 @@ def _build_byte_level(meta: dict, voc: _Vocabulary, vocab: dict[str, int], spec,
         _bpe_merge_error(meta["tokenizer.ggml.merges"], vocab, source)  # names the entry
         raise
     token_bytes = [
-        t.translate(_TO_LATIN1).encode("latin-1", "replace")  # _byte_level_bytes, inlined
+        t.translate(_TO_LATIN1).encode("latin-1", _PASS_UTF8)  # _byte_level_bytes, inlined
         if ty == TOKEN_TYPE_NORMAL
         else _byte_level_bytes(t, ty)
         for t, ty in zip(voc.tokens, voc.types, strict=True)
@@ -584,7 +594,7 @@ def _add_special_tokens(hf, voc: _Vocabulary) -> None:
 def _byte_level_bytes(token: str, token_type: int) -> bytes:
     """The bytes a byte-level BPE token stands for."""
     if token_type == TOKEN_TYPE_NORMAL:
-        return token.translate(_TO_LATIN1).encode("latin-1", errors="replace")
+        return token.translate(_TO_LATIN1).encode("latin-1", _PASS_UTF8)
     if token_type == TOKEN_TYPE_UNUSED:
         return b""
     return token.encode("utf-8", errors="replace")
