@@ -92,9 +92,18 @@ def test_bad_tokenizer_files_are_one_line_errors(case, tmp_path, capfd):
     assert capfd.readouterr().err == ""  # nothing from tokenizers (a Rust panic prints here)
 
 
-def test_empty_vocabulary_is_an_error():
+def test_metadata_gguf_cannot_hold_is_an_error():
+    """Metadata gguf-py will not write (an empty array, mixed arrays) or of the wrong type."""
     with pytest.raises(TokenizerError, match="empty or missing vocabulary"):
         Tokenizer.from_metadata(_bpe([]), source="x.gguf")
+    with pytest.raises(TokenizerError, match="token 1 is a int, not a string"):
+        Tokenizer.from_metadata(_bpe(["a", 5]), source="x.gguf")
+    with pytest.raises(TokenizerError, match="unknown pre-tokenizer 7"):
+        Tokenizer.from_metadata(_bpe(["a"], pre=7), source="x.gguf")
+    with pytest.raises(TokenizerError, match="token_type holds a non-integer"):
+        Tokenizer.from_metadata(_bpe(["a"], token_type=["x"]), source="x.gguf")
+    with pytest.raises(TokenizerError, match="merges is not an array of strings"):
+        Tokenizer.from_metadata(_bpe(["a"], ["a a", 3]), source="x.gguf")
 
 
 def test_rust_panics_become_tokenizer_errors():
@@ -132,13 +141,28 @@ def _size(n: int):
     return st.sampled_from([n] * 6 + [max(0, n - 1), n + 1])
 
 
+# merges whose pieces and joins a vocabulary gets when its merges are drawn well-formed
+_MERGEABLE = [("a", "b"), ("ab", "c"), ("b", "c"), ("a", "bc"), ("Ġ", "a"), ("Ġa", "b"),
+              ("\u2581", "a"), ("<", "s>"), ("ä", "a")]  # fmt: skip
+
+
 @st.composite
 def _vocabularies(draw) -> dict:
     """Small vocabularies, mostly consistent, sometimes not (lengths, ids, merges)."""
+    kind = draw(st.sampled_from(["gpt2", "llama"] * 8 + [["gpt2"]]))
     tokens = draw(st.lists(st.sampled_from(_PIECES), min_size=0, max_size=12))
+    merges = []
+    if kind == "gpt2" and draw(st.booleans()):  # well-formed merges
+        pairs = draw(st.lists(st.sampled_from(_MERGEABLE), min_size=1, max_size=5))
+        tokens += [piece for a, b in pairs for piece in (a, b, a + b)]
+        merges = [f"{a} {b}" for a, b in pairs]
+    elif kind == "gpt2":  # anything
+        junk = st.tuples(st.sampled_from(_PIECES), st.sampled_from(_PIECES)).map(" ".join)
+        merges = draw(st.lists(junk | st.sampled_from(_PIECES), max_size=4))
     n = len(tokens)
-    kind = draw(st.sampled_from(["gpt2", "llama"]))
     meta = {"tokenizer.ggml.model": kind, "tokenizer.ggml.tokens": tokens}
+    if merges:
+        meta["tokenizer.ggml.merges"] = merges
     if draw(st.booleans()):
         size = draw(_size(n))
         meta["tokenizer.ggml.token_type"] = draw(
@@ -150,16 +174,8 @@ def _vocabularies(draw) -> dict:
             st.lists(st.floats(-100, 100), min_size=size, max_size=size)
         )
     if kind == "gpt2":
-        meta["tokenizer.ggml.pre"] = draw(st.sampled_from([*sorted(PRE_TOKENIZERS)] * 3 + ["nope"]))
-        have = set(tokens)
-        valid = [f"{a} {b}" for a in have for b in have if a and b and a + b in have]
-        junk = st.tuples(st.sampled_from(_PIECES), st.sampled_from(_PIECES)).map(" ".join)
-        merge = junk | st.sampled_from(_PIECES)
-        if valid:
-            merge = st.sampled_from(sorted(valid)) | st.sampled_from(sorted(valid)) | merge
-        merges = draw(st.lists(merge, max_size=8))
-        if merges:
-            meta["tokenizer.ggml.merges"] = merges
+        names = [*sorted(PRE_TOKENIZERS)] * 3 + ["nope", 7, ["qwen2"]]
+        meta["tokenizer.ggml.pre"] = draw(st.sampled_from(names))
     for key in ("bos_token_id", "eos_token_id"):
         if draw(st.booleans()):
             meta[f"tokenizer.ggml.{key}"] = draw(

@@ -227,3 +227,16 @@ def test_pre_tokenizers_without_a_vocab_file_match_llama_cpp(pre, lent, tmp_path
         _compare_on_random_text(tok, llm, examples=60)
     finally:
         llm.close()
+
+
+def test_user_defined_tokens_are_parsed_even_without_special(llama_cpp):
+    """llama.cpp parses user-defined tokens ([PAD151646] in Qwen2) in plain text too, and
+    control tokens only when asked."""
+    path = _vocab_path("qwen2")
+    tok, llm = _tokenizer("qwen2"), _llama(path)
+    for special in (False, True):
+        for text in ("a[PAD151646]b", "<|im_start|>x"):
+            want = llm.tokenize(text.encode(), add_bos=False, special=special)
+            assert tok.encode(text, special=special) == want
+        assert 151646 in tok.encode("a[PAD151646]b", special=special)
+    assert 151644 not in tok.encode("<|im_start|>x", special=False)

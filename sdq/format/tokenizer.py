@@ -369,7 +369,7 @@ def _spm_merges(voc: _Vocabulary, vocab: dict[str, int]) -> list[tuple[str, str]
 
 def _pre_tokenizer(meta: dict, source: str) -> tuple[str, PreTokenizer]:
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
         known = ", ".join(sorted(PRE_TOKENIZERS))
         raise TokenizerError(f"{source}: unknown pre-tokenizer {pre!r} (known: {known})")
     return pre, PRE_TOKENIZERS[pre]
@@ -437,7 +437,7 @@ class Tokenizer:
     @classmethod
     def from_metadata(cls, meta: dict, source: str = "model") -> Tokenizer:
         kind = meta.get("tokenizer.ggml.model")
-        if kind not in TOKENIZER_MODELS:
+        if not isinstance(kind, str) or kind not in TOKENIZER_MODELS:
             raise TokenizerError(
                 f"{source}: tokenizer model {kind!r} is not supported"
                 f" (known: {', '.join(TOKENIZER_MODELS)})"
