@@ -8,7 +8,20 @@ May import every other folder of sdq; nothing in sdq imports it but `sdq.cli`.
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import math
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a float that is a number (not nan, inf or -inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def add_module_subcommands(sub, package: str, table: dict[str, str], run_key: str) -> None:

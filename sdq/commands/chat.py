@@ -8,11 +8,10 @@ from it; only then is the expert arena created with the slots that are left.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
-from sdq.commands.run_flags import add_run_arguments
+from sdq.commands.run_flags import add_run_arguments, checked_settings
 from sdq.errors import ParamsError
 
 
@@ -30,7 +29,7 @@ def run(args) -> int:
     from sdq.run.settings import RunSettings
 
     prompt = _prompt(args)
-    settings = _checked(RunSettings.from_args(args))
+    settings = checked_settings(RunSettings.from_args(args))
     with open_session(settings) as s:
         prompt_ids = s.tokenizer.encode(prompt)
         on_text = None if args.json else _printer()
@@ -57,33 +56,30 @@ def run(args) -> int:
     return 0
 
 
+MAX_PROMPT_BYTES = 16 * 2**20  # far more text than any context holds
+
+
 def _prompt(args) -> str:
-    if args.file:
+    """The prompt text, from -f FILE (UTF-8) or -p; ParamsError if it is not valid Unicode
+    text (bytes of -p that are not UTF-8 reach Python as lone surrogates, PEP 383)."""
+    if not args.file:
+        text, where = args.prompt, "-p"
+    else:
+        where = f"-f {args.file}"
         try:
-            with open(args.file, encoding="utf-8") as f:
-                return f.read()
+            with open(args.file, "rb") as f:
+                data = f.read(MAX_PROMPT_BYTES + 1)  # not all of /dev/zero
         except OSError as exc:
-            raise ParamsError(f"-f {args.file}: cannot read ({exc.strerror})") from None
-    return args.prompt
-
-
-def _checked(settings):
-    """`settings` if every count is in range (ParamsError naming the flag if not), with the
-    ubatch cut to the context: a ubatch never exceeds the context."""
-    s = settings
-    for flag, value in (
-        ("-n", s.n_predict),
-        ("-c", s.n_ctx),
-        ("-t", s.threads),
-        ("-b", s.n_ubatch),
-        ("--io-split", s.io_split),
-    ):
-        if value < 1:
-            raise ParamsError(f"{flag} {value} must be >= 1")
-    for flag, value in (("--io-threads", s.io_threads), ("--max-slots", s.max_slots)):
-        if value is not None and value < 1:
-            raise ParamsError(f"{flag} {value} must be >= 1")
-    return dataclasses.replace(s, n_ubatch=min(s.n_ubatch, s.n_ctx))
+            raise ParamsError(f"{where}: cannot read ({exc.strerror})") from None
+        if len(data) > MAX_PROMPT_BYTES:
+            raise ParamsError(f"{where}: longer than {MAX_PROMPT_BYTES} bytes")
+        text = data.decode("utf-8", "surrogateescape")
+    bad = next((i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF), None)
+    if bad is not None:
+        code = ord(text[bad])
+        what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise ParamsError(f"{where}: the prompt is not UTF-8 text ({what} at character {bad})")
+    return text
 
 
 def _printer():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from sdq.commands.run_flags import add_run_arguments
+from sdq.commands.run_flags import add_run_arguments, checked_settings
 
 PLAN_FLAGS = (
     "ram_budget_mb",
@@ -40,7 +40,7 @@ def run(args) -> int:
     from sdq.run.settings import RunSettings
     from sdq.units import MIB
 
-    settings = RunSettings.from_args(args)
+    settings = checked_settings(RunSettings.from_args(args))
     model, _tokenizer = open_for_run(settings)  # held while planning, as chat holds them
     plan = plan_paged(model, settings).plan
     if args.json:

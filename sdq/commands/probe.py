@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
+from sdq.commands import finite_float
 from sdq.errors import ParamsError
 from sdq.units import GIB, KIB, MIB
 
@@ -25,9 +27,9 @@ def parse_bytes(text: str) -> int:
     try:
         value = float(t) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a byte count like 1900544 or 4k, got {text!r}"
-        ) from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a byte count like 1900544 or 4k, got {text!r}")
     if value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes")
     return int(value)
@@ -86,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fio-seconds",
-        type=float,
+        type=finite_float,
         default=DEFAULT_FIO_SECONDS,
         help=f"length of each fio run (default {DEFAULT_FIO_SECONDS}; fio times runs in whole ms); "
         "0: the same number of reads as sdq",

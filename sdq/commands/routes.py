@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from sdq.commands import finite_float
 from sdq.errors import ParamsError
 
 DEFAULT_POLICIES = "lru,fifo,lfu,lrfu,pin,admit,belady,belady_bypass"
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--scope", choices=["layer", "global"], default="layer")
     sim.add_argument("--min-hits", type=int, default=2, help="admit: requests before admission")
     sim.add_argument(
-        "--half-life", type=float, default=16.0, help="lrfu: tokens per halving of a request"
+        "--half-life", type=finite_float, default=16.0, help="lrfu: tokens per halving of a request"
     )
     sim.set_defaults(_routes=_simulate)
 

@@ -12,9 +12,12 @@ policies from sdq.paging.cache.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 
+from sdq.commands import finite_float
+from sdq.errors import ParamsError
 from sdq.paging.cache import POLICIES
 from sdq.paging.reads import CACHE_MODES, MODES
 
@@ -37,16 +40,22 @@ RUN_FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         ("-b", "--ubatch"),
         {"type": int, "default": 128, "help": "prompt tokens per forward pass (ubatch)"},
     ),
-    "temp": (("--temp",), {"type": float, "default": 0.8, "help": "temperature; 0 = greedy"}),
+    "temp": (
+        ("--temp",),
+        {"type": finite_float, "default": 0.8, "help": "temperature; 0 = greedy"},
+    ),
     "top_k": (("--top-k",), {"type": int, "default": 40}),
-    "top_p": (("--top-p",), {"type": float, "default": 0.95}),
+    "top_p": (("--top-p",), {"type": finite_float, "default": 0.95}),
     "seed": (("--seed",), {"type": int, "default": 0}),
     "stop_at_eos": (("--ignore-eos",), {"action": "store_false", "help": "generate all -n tokens"}),
     "ram_budget_mb": (
         ("--ram-budget-mb",),
-        {"type": float, "help": "RAM the whole process may use (default: available)"},
+        {"type": finite_float, "help": "RAM the whole process may use (default: available)"},
     ),
-    "reserve_mb": (("--reserve-mb",), {"type": float, "help": "RAM kept free inside the budget"}),
+    "reserve_mb": (
+        ("--reserve-mb",),
+        {"type": finite_float, "help": "RAM kept free inside the budget"},
+    ),
     "max_slots": (
         ("--max-slots",),
         {"type": int, "help": "cap the expert arena at this many slots"},
@@ -124,3 +133,38 @@ def add_run_arguments(
         if "action" not in kw and "choices" not in kw:  # help shows the flag's name, not dest
             kw.setdefault("metavar", option_strings[-1].lstrip("-").replace("-", "_").upper())
         parser.add_argument(*option_strings, **kw)
+
+
+MAX_COUNT = 2**31 - 1  # a count that sizes an array fits an int32
+
+
+def checked_settings(settings):
+    """`settings` (a RunSettings) if every count is in range (ParamsError naming the flag if
+    not), with the ubatch cut to the context: a ubatch never exceeds the context."""
+    s = settings
+    for flag, value in (
+        ("-n", s.n_predict),
+        ("-c", s.n_ctx),
+        ("-t", s.threads),
+        ("-b", s.n_ubatch),
+        ("--io-split", s.io_split),
+    ):
+        _check_count(flag, value)
+    for flag, value in (("--io-threads", s.io_threads), ("--max-slots", s.max_slots)):
+        if value is not None:
+            _check_count(flag, value)
+    ram_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+    if s.ram_budget_mb is not None and s.ram_budget_mb > ram_mib:
+        raise ParamsError(
+            f"--ram-budget-mb {s.ram_budget_mb:g} is more than this machine's RAM ({ram_mib:.0f})"
+        )
+    if s.reserve_mb is not None and s.reserve_mb < 0:
+        raise ParamsError(f"--reserve-mb {s.reserve_mb:g} must be >= 0")
+    return dataclasses.replace(s, n_ubatch=min(s.n_ubatch, s.n_ctx))
+
+
+def _check_count(flag: str, value: int) -> None:
+    if value < 1:
+        raise ParamsError(f"{flag} {value} must be >= 1")
+    if value > MAX_COUNT:
+        raise ParamsError(f"{flag} {value} must be <= {MAX_COUNT}")

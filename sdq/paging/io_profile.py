@@ -57,11 +57,20 @@ def write_io_profile(path: Path, profile: IOProfile) -> None:
         raise ParamsError(f"cannot write {path}: {exc.strerror}") from None
 
 
+MAX_PROFILE_BYTES = 2**20  # a profile is a few hundred bytes
+
+
 def load_io_profile(path: str | os.PathLike) -> IOProfile:
     """Read and check an I/O profile written by `sdq probe --profile-out`."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as f:
+            text = f.read(MAX_PROFILE_BYTES + 1)  # not all of /dev/zero
+        if len(text) > MAX_PROFILE_BYTES:
+            raise ParamsError(f"I/O profile {path}: larger than {MAX_PROFILE_BYTES} bytes")
+        data = json.loads(text.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ParamsError(f"I/O profile {path}: not UTF-8 text") from None
     except FileNotFoundError:
         raise ParamsError(f"I/O profile {path}: no such file") from None
     except OSError as exc:

@@ -17,6 +17,8 @@ import threading
 
 import numpy as np
 
+from sdq.errors import ParamsError
+
 
 class RouteLog:
     """Writes route records as JSON lines (format in the module docstring)."""
@@ -24,7 +26,10 @@ class RouteLog:
     def __init__(self, path):
         self.path = str(path)
         self._tmp = self.path + ".tmp"
-        self._file = open(self._tmp, "w", encoding="utf-8")
+        try:
+            self._file = open(self._tmp, "w", encoding="utf-8")
+        except OSError as exc:
+            raise ParamsError(f"route log {self.path}: cannot write ({exc.strerror})") from None
         self._lock = threading.Lock()
 
     def write(self, phase: str, pos: int, layer: int, experts, weights=()) -> None:
@@ -46,9 +51,13 @@ class RouteLog:
         for t in range(ids.shape[0]):
             self.write(phase, pos0 + t, layer, ids[t], () if weights is None else weights[t])
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
+        """Finish the log: renamed to its path, or (`keep` False: the run failed) removed."""
         with self._lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
-                os.replace(self._tmp, self.path)
+                if keep:
+                    os.replace(self._tmp, self.path)
+                else:
+                    os.unlink(self._tmp)

@@ -139,9 +139,10 @@ class Session:
             d["plan"] = self.plan.to_dict()
         return d
 
-    def close(self) -> None:
+    def close(self, completed: bool = True) -> None:
+        """Release the run; the route log is kept only if the run `completed`."""
         if self.route_log is not None:
-            self.route_log.close()
+            self.route_log.close(keep=completed)
             self.route_log = None
         with contextlib.suppress(AttributeError):
             self.experts.close()
@@ -154,8 +155,10 @@ def open_session(settings: RunSettings):
     session = Session(settings)
     try:
         yield session
-    finally:
-        session.close()
+    except BaseException:
+        session.close(completed=False)  # no half route log under its final name
+        raise
+    session.close()
 
 
 def _set_threads(n: int) -> None:

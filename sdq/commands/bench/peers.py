@@ -13,7 +13,8 @@ import argparse
 import json
 import sys
 
-from sdq.commands.run_flags import add_run_arguments
+from sdq.commands import finite_float
+from sdq.commands.run_flags import add_run_arguments, checked_settings
 from sdq.measure.resident import DEFAULT_PROMPT
 
 
@@ -80,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="PASSIVE",
         help="OpenMP idle workers of both engines: block (PASSIVE, sdq's default) or spin",
     )
-    p.add_argument("--timeout-s", type=float, default=900.0, help="limit per child run")
+    p.add_argument("--timeout-s", type=finite_float, default=900.0, help="limit per child run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -94,7 +95,7 @@ def run(args) -> int:
     if args.repeat < 1:
         raise ParamsError(f"--repeat {args.repeat} must be >= 1")
     settings = PeerSettings.from_run(
-        RunSettings.from_args(args),
+        checked_settings(RunSettings.from_args(args)),
         args.prompt,
         omp_wait_policy=args.omp_wait_policy,
         timeout_s=args.timeout_s,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from sdq.commands.run_flags import add_run_arguments
+from sdq.commands.run_flags import add_run_arguments, checked_settings
 from sdq.measure.resident import DEFAULT_PROMPT
 
 
@@ -26,7 +26,9 @@ def run(args) -> int:
     from sdq.measure.resident import compare_resident
     from sdq.run.settings import RunSettings
 
-    result = compare_resident(RunSettings.from_args(args), args.prompt, repeats=args.repeats)
+    result = compare_resident(
+        checked_settings(RunSettings.from_args(args)), args.prompt, repeats=args.repeats
+    )
     print(json.dumps(result) if args.json else _table(result))
     return 0
 
