@@ -1,19 +1,26 @@
 /*
  * sdq._io — Python binding of the pread pool (io_pool.c).
  *
- *   pool = Pool(threads)                     persistent workers; pool.threads is settable
+ *   pool = Pool(threads, timeout=0)          persistent workers; pool.threads is settable;
+ *       timeout: seconds any wait of its batches, and close, may block (0: no limit)
  *   batch = pool.submit(reads, flags=0, keepalive=None)
  *       reads: C-contiguous int64 array [R, 7]: fd, offset, length, need, dest, task, group
  *       rows of one task are consecutive and share one group; groups are 0..G-1.
  *       keepalive: object kept alive until the batch is freed (the arena the dests point into)
  *   batch.wait(g) / batch.wait_all()         block with the GIL released; raise IOFailure
+ *                                            (kind "timeout" when the pool's timeout passed)
  *   batch.done(g) / batch.all_done()         poll
  *   batch.report() -> bytes of int64 [R, 6]: submit_ns, start_ns, end_ns, done, errno, kind
  *   pread_into(fd, offset, buffer)           one blocking read (GIL released)
  *   resident_fraction(fd, offset, length)    share of the range's pages in the page cache
  *
  * IOFailure (an OSError) carries fd, offset, length, done, kind ("error", "short", "eof",
- * "canceled") and index (the read's row), so the Python layer can name the file and segment.
+ * "canceled", "timeout") and index (the read's row), so the Python layer can name the file and
+ * segment.
+ *
+ * A read that never returns (a hung device) cannot be stopped: after a timeout its batch is
+ * never freed and keeps its keepalive (the arena it writes into), and close() leaves its
+ * worker detached with the pool allocated, so the process can still end cleanly.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,6 +32,7 @@
 
 #include "io_pool.h"
 
+#define SDQ_TIMEOUT 5 /* not a read outcome: a wait gave up (raise_failure only) */
 #define READ_COLS 7
 #define REPORT_COLS 6
 
@@ -36,6 +44,7 @@ static const char *kind_name(int kind) {
     case SDQ_SHORT: return "short";
     case SDQ_PAST_EOF: return "eof";
     case SDQ_CANCELED: return "canceled";
+    case SDQ_TIMEOUT: return "timeout";
     default: return "ok";
     }
 }
@@ -48,11 +57,16 @@ static void set_attr_ll(PyObject *obj, const char *name, long long value) {
     }
 }
 
-/* Raises IOFailure for read r (row index). Always returns NULL. */
-static PyObject *raise_failure(const sdq_read *r, Py_ssize_t index) {
+/* Raises IOFailure for read r (row index) with outcome `kind`. Always returns NULL. */
+static PyObject *raise_kind(const sdq_read *r, int kind, Py_ssize_t index, double timeout) {
     char msg[256];
     int code = r->err;
-    switch (r->kind) {
+    switch (kind) {
+    case SDQ_TIMEOUT:
+        code = ETIMEDOUT;
+        snprintf(msg, sizeof msg, "read timed out after %.3g s: fd %d offset %lld length %lld",
+                 timeout, r->fd, (long long)r->offset, (long long)r->need);
+        break;
     case SDQ_ERRNO:
         snprintf(msg, sizeof msg, "pread fd %d offset %lld length %lld: %s", r->fd,
                  (long long)r->offset, (long long)r->length, strerror(r->err));
@@ -79,14 +93,18 @@ static PyObject *raise_failure(const sdq_read *r, Py_ssize_t index) {
     set_attr_ll(exc, "length", r->need);
     set_attr_ll(exc, "done", r->done);
     set_attr_ll(exc, "index", index);
-    PyObject *kind = PyUnicode_FromString(kind_name(r->kind));
-    if (kind) {
-        PyObject_SetAttrString(exc, "kind", kind);
-        Py_DECREF(kind);
+    PyObject *name = PyUnicode_FromString(kind_name(kind));
+    if (name) {
+        PyObject_SetAttrString(exc, "kind", name);
+        Py_DECREF(name);
     }
     PyErr_SetObject(IOFailure, exc);
     Py_DECREF(exc);
     return NULL;
+}
+
+static PyObject *raise_failure(const sdq_read *r, Py_ssize_t index) {
+    return raise_kind(r, r->kind, index, 0.0);
 }
 
 /* ---------------------------------------------------------------- Batch */
@@ -94,17 +112,34 @@ static PyObject *raise_failure(const sdq_read *r, Py_ssize_t index) {
 typedef struct {
     PyObject_HEAD sdq_batch *b;
     PyObject *keepalive;
+    double timeout; /* seconds a wait may block; 0: no limit */
+    int timed_out;  /* a wait gave up: dealloc does not wait again */
 } BatchObject;
 
+static int64_t deadline_after(double timeout) {
+    return timeout > 0 ? sdq_now_ns() + (int64_t)(timeout * 1e9) : 0;
+}
+
 static void Batch_dealloc(BatchObject *self) {
+    int late = 0;
     if (self->b) {
         sdq_batch *b = self->b;
         self->b = NULL;
-        Py_BEGIN_ALLOW_THREADS sdq_batch_free(b);
+        int64_t deadline = self->timed_out ? sdq_now_ns() : deadline_after(self->timeout);
+        Py_BEGIN_ALLOW_THREADS late = sdq_batch_wait_all_until(b, deadline) == ETIMEDOUT;
+        if (!late) sdq_batch_free(b);
         Py_END_ALLOW_THREADS
     }
-    Py_CLEAR(self->keepalive);
+    if (!late) Py_CLEAR(self->keepalive); /* else a running read still writes into it */
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Raises the timeout IOFailure of group (-1: any) of a batch whose wait gave up. */
+static PyObject *raise_timeout(BatchObject *self, int32_t group) {
+    self->timed_out = 1;
+    int32_t i = sdq_batch_first_unfinished(self->b, group);
+    if (i < 0) i = 0; /* finished in between: name the first read */
+    return raise_kind(&self->b->reads[i], SDQ_TIMEOUT, i, self->timeout);
 }
 
 static PyObject *check_group(BatchObject *self, int32_t group) {
@@ -133,14 +168,20 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *arg) {
     int32_t g;
     if (parse_group(self, arg, &g)) return NULL;
     sdq_batch *b = self->b;
-    Py_BEGIN_ALLOW_THREADS sdq_batch_wait_group(b, g);
-    Py_END_ALLOW_THREADS return check_group(self, g);
+    int64_t deadline = deadline_after(self->timeout);
+    int err;
+    Py_BEGIN_ALLOW_THREADS err = sdq_batch_wait_group_until(b, g, deadline);
+    Py_END_ALLOW_THREADS if (err) return raise_timeout(self, g);
+    return check_group(self, g);
 }
 
 static PyObject *Batch_wait_all(BatchObject *self, PyObject *Py_UNUSED(ignored)) {
     sdq_batch *b = self->b;
-    Py_BEGIN_ALLOW_THREADS sdq_batch_wait_all(b);
-    Py_END_ALLOW_THREADS return check_group(self, -1);
+    int64_t deadline = deadline_after(self->timeout);
+    int err;
+    Py_BEGIN_ALLOW_THREADS err = sdq_batch_wait_all_until(b, deadline);
+    Py_END_ALLOW_THREADS if (err) return raise_timeout(self, -1);
+    return check_group(self, -1);
 }
 
 static PyObject *Batch_done(BatchObject *self, PyObject *arg) {
@@ -155,8 +196,11 @@ static PyObject *Batch_all_done(BatchObject *self, PyObject *Py_UNUSED(ignored))
 
 static PyObject *Batch_report(BatchObject *self, PyObject *Py_UNUSED(ignored)) {
     sdq_batch *b = self->b;
-    Py_BEGIN_ALLOW_THREADS sdq_batch_wait_all(b);
-    Py_END_ALLOW_THREADS PyObject *out =
+    int64_t deadline = deadline_after(self->timeout);
+    int err;
+    Py_BEGIN_ALLOW_THREADS err = sdq_batch_wait_all_until(b, deadline);
+    Py_END_ALLOW_THREADS if (err) return raise_timeout(self, -1);
+    PyObject *out =
         PyBytes_FromStringAndSize(NULL, (Py_ssize_t)b->n_reads * REPORT_COLS * 8);
     if (!out) return NULL;
     int64_t *row = (int64_t *)PyBytes_AS_STRING(out);
@@ -212,12 +256,19 @@ static PyTypeObject BatchType = {
 
 typedef struct {
     PyObject_HEAD sdq_pool *pool;
+    double timeout;
 } PoolObject;
 
 static int Pool_init(PoolObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"threads", NULL};
+    static char *kwlist[] = {"threads", "timeout", NULL};
     int threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i", kwlist, &threads)) return -1;
+    double timeout = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|d", kwlist, &threads, &timeout)) return -1;
+    if (!(timeout >= 0 && timeout < 1e9)) {
+        PyErr_Format(PyExc_ValueError, "timeout must be 0 (none) or a positive number of seconds");
+        return -1;
+    }
+    self->timeout = timeout;
     if (self->pool) {
         PyErr_SetString(PyExc_RuntimeError, "Pool already initialized");
         return -1;
@@ -240,7 +291,8 @@ static void pool_close(PoolObject *self) {
     if (self->pool) {
         sdq_pool *pool = self->pool;
         self->pool = NULL;
-        Py_BEGIN_ALLOW_THREADS sdq_pool_destroy(pool);
+        int64_t deadline = deadline_after(self->timeout);
+        Py_BEGIN_ALLOW_THREADS sdq_pool_destroy_until(pool, deadline);
         Py_END_ALLOW_THREADS
     }
 }
@@ -382,6 +434,8 @@ static PyObject *Pool_submit(PoolObject *self, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     obj->b = b;
+    obj->timeout = self->timeout;
+    obj->timed_out = 0;
     Py_INCREF(keepalive);
     obj->keepalive = keepalive;
     int err = sdq_pool_submit(self->pool, b);
@@ -413,7 +467,13 @@ static PyMethodDef Pool_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *Pool_get_timeout(PoolObject *self, void *Py_UNUSED(c)) {
+    return PyFloat_FromDouble(self->timeout);
+}
+
 static PyGetSetDef Pool_getset[] = {
+    {"timeout", (getter)Pool_get_timeout, NULL, "seconds a wait or close may block (0: none)",
+     NULL},
     {"threads", (getter)Pool_get_threads, (setter)Pool_set_threads,
      "number of worker threads (settable: the pool grows or shrinks)", NULL},
     {NULL, NULL, NULL, NULL, NULL},

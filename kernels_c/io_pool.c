@@ -43,11 +43,12 @@ void sdq_run_read(sdq_read *r, int flags) {
     r->done = 0;
     r->err = 0;
     r->kind = SDQ_OK;
+    int interrupted = 0; /* consecutive EINTRs */
     while (r->done < r->need) {
         ssize_t n = pread(r->fd, r->dest + r->done, (size_t)(r->length - r->done),
                           (off_t)(r->offset + r->done));
         if (n < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR && ++interrupted < SDQ_MAX_EINTR) continue;
             r->err = errno;
             r->kind = SDQ_ERRNO;
             break;
@@ -56,6 +57,7 @@ void sdq_run_read(sdq_read *r, int flags) {
             r->kind = r->done == 0 ? SDQ_PAST_EOF : SDQ_SHORT;
             break;
         }
+        interrupted = 0;
         r->done += n;
     }
     if ((flags & SDQ_FLAG_DONTNEED) && r->done > 0) {
@@ -71,6 +73,7 @@ static void finish_task(sdq_task *t) {
     sdq_batch *b = t->batch;
     int32_t g = t->group;
     pthread_mutex_lock(&b->mu);
+    b->task_done[t - b->tasks] = 1;
     b->group_left[g]--;
     b->tasks_left--;
     if (b->group_left[g] == 0 || b->tasks_left == 0) pthread_cond_broadcast(&b->cv);
@@ -169,18 +172,37 @@ int sdq_pool_set_threads(sdq_pool *pool, int threads) {
     return err;
 }
 
-void sdq_pool_destroy(sdq_pool *pool) {
-    if (!pool) return;
+void sdq_pool_destroy(sdq_pool *pool) { sdq_pool_destroy_until(pool, 0); }
+
+/* Joins worker i by deadline_ns (0: no limit); detaches it and returns ETIMEDOUT if late. */
+static int join_until(pthread_t thread, int64_t deadline_ns) {
+    if (deadline_ns <= 0) return pthread_join(thread, NULL);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* pthread_timedjoin_np takes a CLOCK_REALTIME time */
+    int64_t left = deadline_ns - sdq_now_ns();
+    if (left < 0) left = 0;
+    int64_t at = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec + left;
+    ts.tv_sec = (time_t)(at / 1000000000LL);
+    ts.tv_nsec = (long)(at % 1000000000LL);
+    int err = pthread_timedjoin_np(thread, NULL, &ts);
+    if (err == ETIMEDOUT) pthread_detach(thread);
+    return err;
+}
+
+int sdq_pool_destroy_until(sdq_pool *pool, int64_t deadline_ns) {
+    if (!pool) return 0;
     pthread_mutex_lock(&pool->resize);
     pthread_mutex_lock(&pool->mu);
     pool->stop = 1;
     pthread_cond_broadcast(&pool->cv);
     int running = pool->running;
-    pthread_mutex_unlock(&pool->mu);
-    for (int i = 0; i < running; i++) pthread_join(pool->threads[i], NULL);
-    /* cancel what never ran, so no waiter hangs */
+    /* cancel what never ran, so no waiter hangs (stop is set: no worker takes a task now) */
     sdq_task *t = pool->head;
     pool->head = pool->tail = NULL;
+    pthread_mutex_unlock(&pool->mu);
+    int late = 0;
+    for (int i = 0; i < running; i++)
+        if (join_until(pool->threads[i], deadline_ns) == ETIMEDOUT) late = 1;
     while (t) {
         sdq_task *next = t->next;
         sdq_batch *b = t->batch;
@@ -193,10 +215,12 @@ void sdq_pool_destroy(sdq_pool *pool) {
         t = next;
     }
     pthread_mutex_unlock(&pool->resize);
+    if (late) return ETIMEDOUT; /* a detached worker still uses the pool: it stays allocated */
     pthread_mutex_destroy(&pool->resize);
     pthread_cond_destroy(&pool->cv);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
+    return 0;
 }
 
 sdq_batch *sdq_batch_new(int32_t n_reads, int32_t n_tasks, int32_t n_groups, int flags) {
@@ -206,15 +230,21 @@ sdq_batch *sdq_batch_new(int32_t n_reads, int32_t n_tasks, int32_t n_groups, int
     b->reads = calloc((size_t)n_reads, sizeof *b->reads);
     b->tasks = calloc((size_t)n_tasks, sizeof *b->tasks);
     b->group_left = calloc((size_t)n_groups, sizeof *b->group_left);
-    if (!b->reads || !b->tasks || !b->group_left) {
+    b->task_done = calloc((size_t)n_tasks, 1);
+    if (!b->reads || !b->tasks || !b->group_left || !b->task_done) {
         free(b->reads);
         free(b->tasks);
         free(b->group_left);
+        free(b->task_done);
         free(b);
         return NULL;
     }
     pthread_mutex_init(&b->mu, NULL);
-    pthread_cond_init(&b->cv, NULL);
+    pthread_condattr_t attr; /* timed waits count on the monotonic clock, as sdq_now_ns does */
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cv, &attr);
+    pthread_condattr_destroy(&attr);
     b->n_reads = n_reads;
     b->n_tasks = n_tasks;
     b->n_groups = n_groups;
@@ -235,7 +265,10 @@ int sdq_pool_submit(sdq_pool *pool, sdq_batch *b) {
     for (int32_t i = 0; i < b->n_reads; i++) b->reads[i].submit_ns = now;
     pthread_mutex_lock(&b->mu);
     for (int32_t g = 0; g < b->n_groups; g++) b->group_left[g] = 0;
-    for (int32_t i = 0; i < b->n_tasks; i++) b->group_left[b->tasks[i].group]++;
+    for (int32_t i = 0; i < b->n_tasks; i++) {
+        b->group_left[b->tasks[i].group]++;
+        b->task_done[i] = 0;
+    }
     b->tasks_left = b->n_tasks;
     pthread_mutex_unlock(&b->mu);
 
@@ -245,6 +278,11 @@ int sdq_pool_submit(sdq_pool *pool, sdq_batch *b) {
         pthread_mutex_lock(&b->mu);
         b->tasks_left = 0;
         for (int32_t g = 0; g < b->n_groups; g++) b->group_left[g] = 0;
+        for (int32_t i = 0; i < b->n_tasks; i++) b->task_done[i] = 1;
+        for (int32_t i = 0; i < b->n_reads; i++) {
+            b->reads[i].kind = SDQ_CANCELED;
+            b->reads[i].err = ECANCELED;
+        }
         pthread_mutex_unlock(&b->mu);
         return EPIPE;
     }
@@ -274,6 +312,44 @@ void sdq_batch_wait_all(sdq_batch *b) {
     pthread_mutex_unlock(&b->mu);
 }
 
+/* Waits on b->cv (b->mu held) while *left > 0, until deadline_ns (0: no limit). */
+static int wait_until(sdq_batch *b, const int32_t *left, int64_t deadline_ns) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline_ns / 1000000000LL);
+    ts.tv_nsec = (long)(deadline_ns % 1000000000LL);
+    while (*left > 0) {
+        if (deadline_ns <= 0) {
+            pthread_cond_wait(&b->cv, &b->mu);
+        } else if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) == ETIMEDOUT) {
+            if (*left > 0) return ETIMEDOUT;
+        }
+    }
+    return 0;
+}
+
+int sdq_batch_wait_group_until(sdq_batch *b, int32_t group, int64_t deadline_ns) {
+    pthread_mutex_lock(&b->mu);
+    int err = wait_until(b, &b->group_left[group], deadline_ns);
+    pthread_mutex_unlock(&b->mu);
+    return err;
+}
+
+int sdq_batch_wait_all_until(sdq_batch *b, int64_t deadline_ns) {
+    pthread_mutex_lock(&b->mu);
+    int err = wait_until(b, &b->tasks_left, deadline_ns);
+    pthread_mutex_unlock(&b->mu);
+    return err;
+}
+
+int32_t sdq_batch_first_unfinished(sdq_batch *b, int32_t group) {
+    int32_t found = -1;
+    pthread_mutex_lock(&b->mu);
+    for (int32_t t = 0; t < b->n_tasks && found < 0; t++)
+        if (!b->task_done[t] && (group < 0 || b->tasks[t].group == group)) found = b->tasks[t].first;
+    pthread_mutex_unlock(&b->mu);
+    return found;
+}
+
 int sdq_batch_group_done(sdq_batch *b, int32_t group) {
     pthread_mutex_lock(&b->mu);
     int done = b->group_left[group] == 0;
@@ -296,5 +372,6 @@ void sdq_batch_free(sdq_batch *b) {
     free(b->reads);
     free(b->tasks);
     free(b->group_left);
+    free(b->task_done);
     free(b);
 }

@@ -33,6 +33,9 @@
 #define SDQ_PAST_EOF 3  /* offset at or past end of file: no byte read */
 #define SDQ_CANCELED 4  /* the pool was closed before the read ran */
 
+/* consecutive EINTRs one read retries before it fails with EINTR (a signal storm, not a hang) */
+#define SDQ_MAX_EINTR 10000
+
 typedef struct sdq_read {
     int fd;
     int64_t offset, length, need;
@@ -59,6 +62,7 @@ typedef struct sdq_batch {
     sdq_task *tasks;
     int32_t *group_left; /* tasks not finished, per group */
     int32_t tasks_left;
+    char *task_done;     /* per task: finished (under mu) */
 } sdq_batch;
 
 typedef struct sdq_pool sdq_pool;
@@ -69,6 +73,10 @@ int sdq_pool_set_threads(sdq_pool *pool, int threads); /* grows or shrinks; join
 int sdq_pool_threads(sdq_pool *pool);
 /* Stops the workers (running reads finish), cancels queued tasks, frees the pool. */
 void sdq_pool_destroy(sdq_pool *pool);
+/* The same, but waits for running reads only until deadline_ns (sdq_now_ns clock; 0: no
+ * limit). Returns 0, or ETIMEDOUT: a read still runs, its worker is left detached and the
+ * pool is not freed (that worker still uses it); queued tasks are canceled either way. */
+int sdq_pool_destroy_until(sdq_pool *pool, int64_t deadline_ns);
 
 /* Batch: allocate, fill reads[i] (fd, offset, length, need, dest) and the task layout with
  * sdq_batch_set_task, then submit. Returns NULL when out of memory. */
@@ -77,6 +85,11 @@ void sdq_batch_set_task(sdq_batch *b, int32_t task, int32_t first, int32_t count
 int sdq_pool_submit(sdq_pool *pool, sdq_batch *b); /* EPIPE if the pool is closed */
 void sdq_batch_wait_group(sdq_batch *b, int32_t group);
 void sdq_batch_wait_all(sdq_batch *b);
+/* Bounded waits: 0 when done, ETIMEDOUT once deadline_ns (sdq_now_ns clock) passed first. */
+int sdq_batch_wait_group_until(sdq_batch *b, int32_t group, int64_t deadline_ns);
+int sdq_batch_wait_all_until(sdq_batch *b, int64_t deadline_ns);
+/* The first read of the first unfinished task of `group` (-1: every group), or -1. */
+int32_t sdq_batch_first_unfinished(sdq_batch *b, int32_t group);
 int sdq_batch_group_done(sdq_batch *b, int32_t group);
 int sdq_batch_all_done(sdq_batch *b);
 void sdq_batch_free(sdq_batch *b); /* waits for every read first */

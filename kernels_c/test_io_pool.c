@@ -4,6 +4,8 @@
  * Exercises every path the Python binding uses — batches in serial / parallel / chunked
  * layouts, dontneed, resizing while work is queued, every failure kind, closing a pool with
  * queued tasks — and checks the bytes. Exit status 0 when every check passed.
+ * Linked with fault_pread.c it also injects faults (EINTR, partial and short reads, EIO, stalls,
+ * a descriptor closed underneath) and checks bounded waits and a deterministic cancellation.
  * Usage: test_io_pool SCRATCH_FILE
  */
 #include <errno.h>
@@ -18,6 +20,11 @@
 #define FILE_BYTES (1 << 20)
 
 static int failures = 0;
+
+/* fault_pread.c's controls: present only when it is linked in */
+extern int sdq_faults_set(const char *spec) __attribute__((weak));
+extern int64_t sdq_faults_fired(void) __attribute__((weak));
+sdq_pool *volatile late_pool; /* a pool left allocated by a timed-out destroy (still reachable) */
 
 #define CHECK(cond)                                                         \
     do {                                                                    \
@@ -50,6 +57,106 @@ static sdq_batch *make_batch(int fd, int n, int64_t len, int per_task, int per_g
         sdq_batch_set_task(b, t, first, count, t / per_group);
     }
     return b;
+}
+
+static int read_is_right(const sdq_read *r) {
+    if (r->kind != SDQ_OK || r->done != r->length) return 0;
+    for (int64_t k = 0; k < r->done; k++)
+        if ((unsigned char)r->dest[k] != byte_at(r->offset + k)) return 0;
+    return 1;
+}
+
+/* Every read either complete with the file's bytes or canceled; -> how many were canceled. */
+static int check_complete_or_canceled(sdq_batch *b) {
+    int canceled = 0;
+    for (int i = 0; i < b->n_reads; i++) {
+        const sdq_read *r = &b->reads[i];
+        if (r->kind == SDQ_CANCELED) {
+            CHECK(r->err == ECANCELED && r->done == 0);
+            canceled++;
+        } else {
+            CHECK(read_is_right(r));
+        }
+    }
+    return canceled;
+}
+
+/* One read of `len` bytes at `offset` under fault rule `spec`, on a 2-thread pool. */
+static sdq_batch *one_read(sdq_pool *pool, int fd, int64_t offset, int64_t len, char *dest,
+                           const char *spec) {
+    CHECK(sdq_faults_set(spec) == 0);
+    sdq_batch *b = sdq_batch_new(1, 1, 1, 0);
+    b->reads[0] = (sdq_read){.fd = fd, .offset = offset, .length = len, .need = len, .dest = dest};
+    sdq_batch_set_task(b, 0, 0, 1, 0);
+    CHECK(sdq_pool_submit(pool, b) == 0);
+    return b;
+}
+
+static void fault_checks(const char *path, char *dest) {
+    int fd = open(path, O_RDONLY);
+    sdq_pool *pool;
+    CHECK(sdq_pool_create(&pool, 2) == 0);
+    /* retried or continued: EINTR (several times), partial reads */
+    const char *recover[] = {"eintr:times=5", "partial:times=3"};
+    for (int i = 0; i < 2; i++) {
+        sdq_batch *b = one_read(pool, fd, 1000, 50000, dest, recover[i]);
+        sdq_batch_wait_all(b);
+        CHECK(read_is_right(&b->reads[0]));
+        CHECK(sdq_faults_fired() >= 3);
+        sdq_batch_free(b);
+    }
+    /* failures, recorded: EIO, EINTR forever, a short read, a descriptor closed underneath */
+    sdq_batch *b = one_read(pool, fd, 1000, 5000, dest, "eio");
+    sdq_batch_wait_all(b);
+    CHECK(b->reads[0].kind == SDQ_ERRNO && b->reads[0].err == EIO);
+    sdq_batch_free(b);
+    b = one_read(pool, fd, 1000, 5000, dest, "eintr:times=0");
+    sdq_batch_wait_all(b);
+    CHECK(b->reads[0].kind == SDQ_ERRNO && b->reads[0].err == EINTR);
+    sdq_batch_free(b);
+    b = one_read(pool, fd, 1000, 5000, dest, "short");
+    sdq_batch_wait_all(b);
+    CHECK(b->reads[0].kind == SDQ_SHORT && b->reads[0].done == 2500);
+    sdq_batch_free(b);
+    int fd2 = open(path, O_RDONLY);
+    b = one_read(pool, fd2, 1000, 5000, dest, "closefd");
+    sdq_batch_wait_all(b);
+    CHECK(b->reads[0].kind == SDQ_ERRNO && b->reads[0].err == EBADF);
+    sdq_batch_free(b);
+    /* a stalled read: bounded waits time out, then it completes */
+    b = one_read(pool, fd, 1000, 5000, dest, "stall:ms=300");
+    CHECK(sdq_batch_wait_group_until(b, 0, sdq_now_ns() + 20 * 1000000LL) == ETIMEDOUT);
+    CHECK(sdq_batch_wait_all_until(b, sdq_now_ns() + 20 * 1000000LL) == ETIMEDOUT);
+    CHECK(sdq_batch_first_unfinished(b, 0) == 0 && !sdq_batch_group_done(b, 0));
+    CHECK(sdq_batch_wait_all_until(b, sdq_now_ns() + 10000 * 1000000LL) == 0);
+    CHECK(read_is_right(&b->reads[0]) && sdq_batch_first_unfinished(b, -1) == -1);
+    sdq_batch_free(b);
+    sdq_pool_destroy(pool);
+
+    /* cancellation, deterministic: the one worker is stalled in the first read while the pool
+     * closes, so the other 15 are still queued */
+    CHECK(sdq_pool_create(&pool, 1) == 0);
+    CHECK(sdq_faults_set("stall:ms=200") == 0);
+    sdq_batch *bq = make_batch(fd, 16, 4099, 1, 1, dest, 0);
+    CHECK(sdq_pool_submit(pool, bq) == 0);
+    while (sdq_faults_fired() == 0) usleep(1000);
+    sdq_pool_destroy(pool);
+    sdq_batch_wait_all(bq);
+    CHECK(check_complete_or_canceled(bq) == 15);
+    sdq_batch_free(bq);
+
+    /* closing while a read hangs: gives up at the deadline, the worker finishes later */
+    CHECK(sdq_pool_create(&pool, 1) == 0);
+    b = one_read(pool, fd, 1000, 5000, dest, "stall:ms=300");
+    while (sdq_faults_fired() == 0) usleep(1000);
+    CHECK(sdq_pool_destroy_until(pool, sdq_now_ns() + 20 * 1000000LL) == ETIMEDOUT);
+    late_pool = pool;
+    CHECK(sdq_batch_wait_all_until(b, sdq_now_ns() + 10000 * 1000000LL) == 0);
+    CHECK(read_is_right(&b->reads[0]));
+    sdq_batch_free(b);
+    usleep(50 * 1000); /* the detached worker leaves once its task is finished */
+    sdq_faults_set("");
+    close(fd);
 }
 
 static void check_bytes(sdq_batch *b) {
@@ -143,10 +250,10 @@ int main(int argc, char **argv) {
     CHECK(sdq_pool_submit(pool, bq) == 0);
     sdq_pool_destroy(pool);
     sdq_batch_wait_all(bq);
-    int canceled = 0;
-    for (int i = 0; i < bq->n_reads; i++) canceled += bq->reads[i].kind == SDQ_CANCELED;
-    CHECK(canceled <= bq->n_reads);
+    check_complete_or_canceled(bq);
     sdq_batch_free(bq);
+
+    if (sdq_faults_set) fault_checks(argv[1], dest);
 
     free(dest);
     close(fd);

@@ -35,6 +35,10 @@ class ReadError(SdqError):
     """An expert or probe read failed (I/O error, short read, past end of file)."""
 
 
+class ModelChangedError(ReadError):
+    """The model file was truncated, rewritten or replaced while a run read from it."""
+
+
 class ParamsError(SdqError):
     """A parameter file or command-line setting is invalid."""
 

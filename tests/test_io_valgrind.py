@@ -1,7 +1,10 @@
-"""The C pool under valgrind: no leak, no invalid access, no data race.
+"""The C pool under valgrind and AddressSanitizer: no leak, no invalid access, no data race.
 
 kernels_c/test_io_pool.c drives io_pool.c directly (every path the binding uses: batches,
-dontneed, resizing with queued work, every failure kind, closing a busy pool). Running the pure
+dontneed, resizing with queued work, every failure kind, closing a busy pool); the `faults`
+build links kernels_c/fault_pread.c into it, which adds injected faults (EINTR, partial and
+short reads, EIO, stalls against bounded waits, a descriptor closed underneath, a deterministic
+cancellation, a close that gives up on a hung read). Running the pure
 C driver instead of python under valgrind keeps the run to seconds and the report free of
 CPython's own allocator noise, so any report is ours; the binding's reference handling is
 covered by test_io_pool.py.
@@ -9,6 +12,7 @@ covered by test_io_pool.py.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,27 +27,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory) -> Path:
-    exe = tmp_path_factory.mktemp("valgrind") / "test_io_pool"
-    cmd = [
-        "gcc",
-        "-g",
-        "-O1",
-        "-std=c11",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-D_GNU_SOURCE",
-        "-pthread",
-        f"-I{C}",
-        str(C / "test_io_pool.c"),
-        str(C / "io_pool.c"),
-        "-o",
-        str(exe),
-    ]
+def build(out: Path, faults: bool, extra=()) -> Path:
+    sources = [C / "test_io_pool.c", C / "io_pool.c"] + ([C / "fault_pread.c"] if faults else [])
+    cmd = ["gcc", "-g", "-O1", "-std=c11", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
+    cmd += ["-pthread", *extra, f"-I{C}", *map(str, sources), "-ldl", "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return exe
+    return out
+
+
+@pytest.fixture(scope="module", params=["plain", "faults"])
+def driver(request, tmp_path_factory) -> Path:
+    exe = tmp_path_factory.mktemp("valgrind") / f"test_io_pool_{request.param}"
+    return build(exe, request.param == "faults")
 
 
 @pytest.mark.parametrize(
@@ -65,6 +60,24 @@ def test_pool_is_clean_under_valgrind(driver, tmp_path, tool):
         capture_output=True,
         text=True,
         timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "all checks passed" in proc.stdout
+
+
+def test_pool_is_clean_under_asan(tmp_path):
+    """The fault build under AddressSanitizer and UndefinedBehaviorSanitizer."""
+    try:
+        exe = build(
+            tmp_path / "asan", True, ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+        )
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"gcc cannot build with sanitizers here: {exc.stderr[-300:]}")
+    env = dict(
+        os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="halt_on_error=1"
+    )
+    proc = subprocess.run(
+        [str(exe), str(tmp_path / "scratch")], capture_output=True, text=True, timeout=120, env=env
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "all checks passed" in proc.stdout

@@ -47,6 +47,16 @@ Bytes: every read (an acquire's or a prefetch's, used or a wrong guess) is count
 
 Several Python threads may acquire and release concurrently: the bookkeeping is under one
 lock; waiting for reads happens outside it.
+
+Failures: a read that failed is never served. A waiter gets its ReadError and the expert's
+entry is dropped; a failed read nobody waited for (a prefetch) is found failed when its expert
+is next looked up, dropped, and read again; either way the slot returns to the free list once
+unpinned. Every acquire checks that the model file is still the one opened (ExpertReader: one
+fstat; at a new token also the path) and fails with ModelChangedError otherwise. A wait is
+bounded by IOSettings.timeout_s; close() gives a read that hangs the same time, then leaves the
+arena mapped for it rather than unmapping memory a read still writes into. With
+IOSettings.verify every expert is checked against its checksum (sdq.paging.checksums) before
+its first use after each read into its slot.
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ import numpy as np
 
 from sdq.errors import ParamsError, PlanError, ReadError
 from sdq.paging.arena import Arena
+from sdq.paging.checksums import ExpertChecksums
 from sdq.paging.policies import BY_NAME, POLICIES
 from sdq.paging.prefetch import StreamingSlots
 from sdq.paging.reads import ExpertReader, IOSettings, ReadBatch, SlotLayout, expert_table
@@ -127,8 +138,9 @@ class ExpertHandle:
         return sorted(range(len(self.experts)), key=lambda i: self.pending[i] is not None)
 
     def wait(self, i: int) -> None:
-        """Blocks until expert i's bytes are in its slot; raises ReadError if its read failed."""
-        if self.pending[i] is not None:
+        """Blocks until expert i's bytes are in its slot; raises ReadError if its read failed
+        (or, with verify, if its bytes differ from the file's)."""
+        if self.pending[i] is not None or self.cache.checksums is not None:
             self.cache.wait(self, i)
 
     def views(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -174,6 +186,12 @@ class ExpertCache:
             self.arena.close()
             raise
         self.views = ExpertViews(self.arena, self.table, self.layout)
+        self.checksums = (
+            ExpertChecksums(model.path, self.table, drop_pages=io.cache_mode != "pagecache")
+            if io.verify
+            else None
+        )
+        self._checked: list[tuple[int, int] | None] = [None] * plan.slots  # slot -> key checked
         self._lock = threading.Lock()
         self._counters = dict.fromkeys(COUNTERS, 0)
         n_rows = len(self.table.layers)
@@ -204,6 +222,10 @@ class ExpertCache:
         self._check_ids(ids)
         with self._lock:
             self._check_open()
+            if row <= self._last_row:
+                self.reader.check_path()  # a new token: is the path still the file we read?
+            else:
+                self.reader.check_open_file()
             self._harvest()
             res, streaming, c = self._residents, self._streaming, self._counters
             if row <= self._last_row:
@@ -292,6 +314,7 @@ class ExpertCache:
         dropped) if its read failed."""
         read = handle.pending[i]
         if read is None:
+            self._verify(handle, i)
             return
         batch, g = read
         t0 = time.perf_counter_ns()
@@ -312,6 +335,25 @@ class ExpertCache:
         entry = handle.entries[i]
         if entry is not None and entry.pending is read:
             entry.pending = None  # plain attribute store: safe without the lock
+        self._verify(handle, i)
+
+    def _verify(self, handle: ExpertHandle, i: int) -> None:
+        """With verify: expert i's bytes against its checksum, once per read into its slot
+        (ReadError on a mismatch, and the entry is dropped)."""
+        if self.checksums is None:
+            return
+        slot, key = handle.slots[i], (self.table.row(handle.layer), handle.experts[i])
+        if self._checked[slot] == key:
+            return
+        try:
+            self.checksums.check(key[0], key[1], handle.views(i))
+        except ReadError:
+            with self._lock:
+                entry = handle.entries[i]
+                if entry is not None:
+                    self._residents.drop(entry)
+            raise
+        self._checked[slot] = key
 
     def release(self, handle: ExpertHandle) -> None:
         """Unpins the handle's experts (waits for any of its reads still running)."""
@@ -347,6 +389,7 @@ class ExpertCache:
         self._check_ids(ids)
         with self._lock:
             self._check_open()
+            self.reader.check_open_file()
             self._harvest()
             if self._policy.bypasses:
                 started = self._streaming.start(
@@ -409,10 +452,14 @@ class ExpertCache:
             self._closed = True
             inflight = list(self._inflight)
         for batch in inflight:
-            _quiet_wait_all(batch)
+            _quiet_wait_all(batch)  # bounded by the read timeout
+        hung = any(not batch.all_done() for batch in inflight)
         self.reader.close()
         self.views.close()
-        self.arena.close()
+        if self.checksums is not None:
+            self.checksums.close()
+        if not hung:  # else the hung batch keeps the arena mapped: its read writes into it
+            self.arena.close()
 
     def __enter__(self) -> ExpertCache:
         return self
@@ -503,6 +550,9 @@ class ExpertCache:
     ) -> ReadBatch:
         base, size = self.arena.base, self.arena.slot_bytes
         addrs = [base + s * size for s in slots]
+        checked = self._checked
+        for s in slots:
+            checked[s] = None
         batch, device_bytes = self.reader.submit(row, experts, addrs, keepalive=self.arena)
         self._inflight.append(batch)
         c = self._counters

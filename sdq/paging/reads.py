@@ -25,6 +25,14 @@ Read layouts (seed 000 §2, §4.1; seed 003):
              one task per chunk
 Each expert is one group, so a caller can wait for one expert while the others load.
 
+Failing safely. A failed read (I/O error, short read, end of file, canceled) is a ReadError
+naming the file, layer, expert, part, offset and length; a wait that outlasts
+`IOSettings.timeout_s` is one too (the read may hang in the kernel: its batch and the arena
+stay allocated, the process can still exit). The file's identity (device, inode, size,
+modification time) is recorded at open; a reader whose file was truncated, rewritten or replaced
+raises ModelChangedError from then on (FileIdentity), so no byte read from a changed file is
+served.
+
 The reads of every expert of a layer are computed once per split (ReadTemplate, offsets
 relative to the slot); a request gathers its experts' rows and adds their slot addresses, so
 the time between routing and the reads starting is a few NumPy calls whatever the mode.
@@ -38,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sdq import _io
-from sdq.errors import ParamsError, ReadError
+from sdq.errors import ModelChangedError, ParamsError, ReadError
 
 PARTS = ("gate", "up", "down")
 MODES = ("serial", "parallel", "split")
@@ -49,7 +57,14 @@ DIRECT_ALIGN = _io.DIRECT_ALIGN  # 4096
 BUFFERED_ALIGN = 64
 SPLIT_PAGE = 4096
 MAX_SPLIT = 8
-_KINDS = {1: "I/O error", 2: "short read", 3: "read past end of file", 4: "read canceled"}
+_KINDS = {
+    "error": "I/O error",
+    "short": "short read",
+    "eof": "read past end of file",
+    "canceled": "read canceled",
+    "timeout": "read timed out",
+}
+DEFAULT_TIMEOUT_S = 60.0
 
 
 def expert_table(model):
@@ -63,12 +78,16 @@ def align_up(n, a: int):
 
 @dataclass(frozen=True)
 class IOSettings:
-    """How experts are read. threads: pool workers; split: chunks per segment in mode split."""
+    """How experts are read. threads: pool workers; split: chunks per segment in mode split;
+    timeout_s: the longest a wait for one expert's reads may block before it fails; verify:
+    check every expert read against a checksum of the file's bytes (sdq.paging.checksums)."""
 
     threads: int = 8
     mode: str = "parallel"
     split: int = 1
     cache_mode: str = "pagecache"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    verify: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -79,6 +98,8 @@ class IOSettings:
             )
         if not 1 <= self.threads <= _io.MAX_THREADS:
             raise ParamsError(f"I/O threads {self.threads}: expected 1..{_io.MAX_THREADS}")
+        if not 0 < self.timeout_s < 1e9:
+            raise ParamsError(f"read timeout {self.timeout_s} s: expected > 0")
         object.__setattr__(self, "split", min(max(int(self.split), 1), MAX_SPLIT))
 
     @property
@@ -116,13 +137,38 @@ class SlotLayout:
         return self.region_offsets[part] + head
 
 
+@dataclass(frozen=True)
+class FileIdentity:
+    """What names the bytes of an open file: device, inode, size, modification time (ns)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def change(self, now: FileIdentity) -> str:
+        """What differs in `now`, in words ("" when nothing does)."""
+        if (now.dev, now.ino) != (self.dev, self.ino):
+            return "replaced by another file"
+        if now.size != self.size:
+            return f"size changed from {self.size} to {now.size} bytes"
+        if now.mtime_ns != self.mtime_ns:
+            return "rewritten (modification time changed)"
+        return ""
+
+
 class ReadBatch:
     """A submitted batch: wait for one expert (group) or all, with errors as ReadError."""
 
-    def __init__(self, batch, path: str, meta):
+    def __init__(self, batch, path: str, meta, reader: ExpertReader | None = None):
         self.batch = batch
         self.path = path
         self._meta = meta  # int64 [R, 3], or (ReadTemplate, experts, layer) to build it from
+        self.reader = reader  # checks the file's identity once bytes have arrived
 
     @property
     def meta(self) -> np.ndarray:
@@ -132,16 +178,22 @@ class ReadBatch:
         return self._meta
 
     def wait(self, group: int) -> None:
+        """Blocks until the group's reads are done; ReadError if one failed or timed out,
+        ModelChangedError if the file changed since it was opened."""
         try:
             self.batch.wait(group)
         except _io.IOFailure as exc:
             raise self._error(exc) from None
+        if self.reader is not None:
+            self.reader.check_open_file()
 
     def wait_all(self) -> None:
         try:
             self.batch.wait_all()
         except _io.IOFailure as exc:
             raise self._error(exc) from None
+        if self.reader is not None:
+            self.reader.check_open_file()
 
     def done(self, group: int) -> bool:
         return self.batch.done(group)
@@ -162,22 +214,26 @@ class ReadBatch:
         return len(end), max(end) - min(rep[0::6]), sum(end) - sum(start)
 
     def failed(self, group: int) -> bool:
-        """Whether a read of a finished group failed (without raising)."""
+        """Whether a read of a finished group failed, or the file changed (without raising)."""
         try:
             self.batch.wait(group)
         except _io.IOFailure:
             return True
-        return False
+        return self.reader is not None and self.reader.changed is not None
 
     def _error(self, exc) -> ReadError:
         layer, expert, part = (int(v) for v in self.meta[exc.index])
-        what = _KINDS.get({"error": 1, "short": 2, "eof": 3}.get(exc.kind, 4))
+        what = _KINDS.get(exc.kind, "read failed")
         detail = f": {os.strerror(exc.errno)}" if exc.kind == "error" else ""
         got = f", got {exc.done} bytes" if exc.kind == "short" else ""
+        after = f" after {self.batch_timeout():g} s" if exc.kind == "timeout" else ""
         return ReadError(
-            f"{self.path}: {what} reading layer {layer} expert {expert} {PARTS[part]} "
+            f"{self.path}: {what}{after} reading layer {layer} expert {expert} {PARTS[part]} "
             f"at offset {exc.offset} length {exc.length}{got}{detail}"
         )
+
+    def batch_timeout(self) -> float:
+        return self.reader.io.timeout_s if self.reader is not None else 0.0
 
 
 class ExpertReader:
@@ -199,6 +255,8 @@ class ExpertReader:
         except OSError as exc:
             extra = " (O_DIRECT not supported here?)" if exc.errno == 22 else ""
             raise ReadError(f"{self.path}: cannot open: {exc.strerror}{extra}") from None
+        self.identity = FileIdentity.of(os.fstat(self.fd))
+        self.changed: str | None = None  # the error's message once the file is seen changed
         self.flags = (_io.FLAG_DIRECT if layout.direct else 0) | (
             _io.FLAG_DONTNEED if io.cache_mode == "dontneed" else 0
         )
@@ -206,12 +264,41 @@ class ExpertReader:
             # no readahead: it would leave neighbouring experts cached behind DONTNEED's back
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         self._templates: dict[int, ReadTemplate] = {}  # table row -> its reads, built once
-        self.pool = _io.Pool(io.threads)
+        self.pool = _io.Pool(io.threads, timeout=io.timeout_s)
+
+    def check_open_file(self) -> None:
+        """ModelChangedError if the open file was truncated or rewritten since it was opened
+        (one fstat); once seen, every later check raises it too."""
+        if self.changed is None:
+            how = self.identity.change(FileIdentity.of(os.fstat(self.fd)))
+            if how:
+                self._changed(how)
+        if self.changed is not None:
+            raise ModelChangedError(self.changed)
+
+    def check_path(self) -> None:
+        """check_open_file, and also ModelChangedError if the path now names another file."""
+        self.check_open_file()
+        try:
+            how = self.identity.change(FileIdentity.of(os.stat(self.path)))
+        except OSError as exc:
+            how = f"gone ({exc.strerror})"
+        if how:
+            self._changed(how)
+            raise ModelChangedError(self.changed)
+
+    def _changed(self, how: str) -> None:
+        self.changed = (
+            f"{self.path}: the model file changed while in use: {how}; "
+            f"no expert read after the change is used"
+        )
 
     def set_io(self, io: IOSettings) -> None:
         """Change mode / split / threads (not the cache mode: that needs another fd)."""
         if io.cache_mode != self.io.cache_mode:
             raise ParamsError("the cache mode of an open reader cannot change")
+        if io.timeout_s != self.io.timeout_s:
+            raise ParamsError("the read timeout of an open reader cannot change")
         self.pool.threads = io.threads
         if io.chunks != self.io.chunks:
             self._templates = {}
@@ -245,7 +332,7 @@ class ExpertReader:
         layer = self.table.layers[row]
         meta = (tmpl, experts, layer)  # the meta table is only built to describe a failure
         device = tmpl.device_bytes
-        return ReadBatch(batch, self.path, meta), sum(device[e] for e in experts)
+        return ReadBatch(batch, self.path, meta, self), sum(device[e] for e in experts)
 
     def drop_cache(self) -> None:
         """Drops the file's pages from the page cache (written back first: DONTNEED keeps dirty
