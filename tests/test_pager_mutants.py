@@ -1,0 +1,208 @@
+"""sdq.paging.cache and sdq.paging.policies: pins, close, the counters and each policy's victim,
+checked one decision at a time (tests/mutation/REPORT.md lists what the suite must catch)."""
+
+from __future__ import annotations
+
+import pytest
+from pager_support import make_model
+
+from sdq.errors import ParamsError, PlanError
+from sdq.paging.cache import COUNTERS, CacheSettings, ExpertCache
+from sdq.paging.policies import POLICIES, min_slots, split_slots
+from sdq.paging.reads import IOSettings
+from sdq.run.plan import plan_for_slots
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("mut") / "experts.bin", n_layers=3, n_expert=8, k=2)
+
+
+def _cache(model, slots, policy="lru", prefetch=0, **io):
+    cs = CacheSettings(policy=policy, prefetch_slots=prefetch)
+    return ExpertCache(model, plan_for_slots(model, slots, cache=cs), IOSettings(**io), cs)
+
+
+def _bytes(model, layer, e):
+    return b"".join(model.expert_bytes(layer, e))
+
+
+def _check(model, h):
+    for i, e in enumerate(h.experts):
+        h.wait(i)
+        assert b"".join(v.tobytes() for v in h.views(i)) == _bytes(model, h.layer, e)
+
+
+def test_a_second_release_does_not_unpin_again(model):
+    """Two handles pin the same experts; releasing the first twice leaves the second's pins:
+    every slot stays pinned and a third acquire of other experts has nothing to evict."""
+    layer = model.experts.layers[0]
+    cache = _cache(model, 2)
+    h1 = cache.acquire(layer, [0, 1])
+    h2 = cache.acquire(layer, [0, 1])
+    assert h2.hits == (True, True)
+    cache.release(h1)
+    cache.release(h1)
+    assert h1.released
+    with pytest.raises(PlanError):
+        cache.acquire(layer, [2, 3])
+    _check(model, h2)  # the second handle's bytes are still there
+    cache.release(h2)
+    h3 = cache.acquire(layer, [2, 3])  # now both slots can be evicted
+    _check(model, h3)
+    cache.release(h3)
+    assert cache.stats["evictions"] == 2
+    cache.close()
+
+
+def test_acquire_and_prefetch_after_close_are_refused(model):
+    cache = _cache(model, 4)
+    layer = model.experts.layers[0]
+    cache.release(cache.acquire(layer, [0]))
+    cache.close()
+    cache.close()  # a second close is a no-op
+    with pytest.raises(ValueError, match="the expert cache is closed"):
+        cache.acquire(layer, [1])
+    with pytest.raises(ValueError, match="the expert cache is closed"):
+        cache.prefetch(layer, [1])
+
+
+def test_a_lookup_of_a_read_in_flight_is_an_inflight_hit(model):
+    """The second lookup of an expert whose read nobody has waited for yet is a hit on a read
+    in flight; once waited for, the next lookup is a plain hit."""
+    layer = model.experts.layers[2]
+    with _cache(model, 4) as cache:
+        h1 = cache.acquire(layer, [5])
+        assert h1.hits == (False,) and h1.pending[0] is not None
+        h2 = cache.acquire(layer, [5])
+        assert h2.hits == (True,) and h2.pending[0] == h1.pending[0]
+        s = cache.stats
+        assert (s["lookups"], s["hits"], s["misses"], s["inflight_hits"]) == (2, 1, 1, 1)
+        _check(model, h2)
+        _check(model, h1)
+        cache.release(h1)
+        cache.release(h2)
+        h3 = cache.acquire(layer, [5])
+        assert h3.hits == (True,) and h3.pending == [None] and h3.ready_order() == [0]
+        cache.release(h3)
+        s = cache.stats
+        assert (s["lookups"], s["hits"], s["misses"], s["inflight_hits"]) == (3, 2, 1, 1)
+
+
+def test_counters_of_a_plain_run(model):
+    """Every counter after a short run, worked out by hand (lru, 3 slots, K=2)."""
+    t = model.experts
+    L0, L1 = t.layers[0], t.layers[1]
+    size = [int(t.nbytes[r].sum(axis=1)[0]) for r in range(3)]  # one expert's bytes per row
+    with _cache(model, 3) as cache:
+        for layer, ids in ((L0, [0, 1]), (L0, [1, 2]), (L1, [0]), (L0, [2, 1])):
+            h = cache.acquire(layer, ids)
+            _check(model, h)
+            cache.release(h)
+        s = cache.stats
+    # L0 {0,1}: 2 misses; L0 {1,2}: 1 hit, 1 miss (free slot); L1 {0}: miss, evicts L0e0;
+    # L0 {2,1}: 2 hits
+    assert (s["lookups"], s["hits"], s["misses"], s["evictions"]) == (7, 3, 4, 1)
+    assert s["hit_rate"] == 3 / 7
+    assert s["lookup_expert_bytes"] == 6 * size[0] + size[1]
+    assert s["expert_bytes_read"] == s["bytes_read"] == 3 * size[0] + size[1]
+    assert s["reads_avoided"] == pytest.approx(
+        1 - (3 * size[0] + size[1]) / (6 * size[0] + size[1])
+    )
+    assert s["reads"] > 0 and s["read_ms"] >= 0 and s["io_busy_ms"] >= 0 and s["wait_ms"] >= 0
+    for name in ("bypassed", "inflight_hits", "prefetches", "prefetch_hits", "prefetch_unused"):
+        assert s[name] == 0, name
+    assert s["read_errors"] == s["overflow_admits"] == s["prefetch_bytes_read"] == 0
+    assert s["prefetch_hit_rate"] == 0.0
+    assert s["layers"] == {L0: [6, 3, 3], L1: [1, 0, 1], t.layers[2]: [0, 0, 0]}
+    assert (s["policy"], s["slots"], s["cached"], s["streamed"]) == ("lru", 3, 3, 0)
+    assert s["slot_bytes"] == cache.plan.slot_bytes
+    assert set(COUNTERS) <= set(s)
+
+
+def test_rates_are_zero_before_the_first_lookup(model):
+    with _cache(model, 2) as cache:
+        s = cache.stats
+        assert s["hit_rate"] == s["prefetch_hit_rate"] == s["reads_avoided"] == 0.0
+        assert s["lookups"] == 0 and s["cached"] == 0
+
+
+def test_lru_evicts_the_least_recent_and_never_a_requested_expert(model):
+    layer = model.experts.layers[0]
+    with _cache(model, 3) as cache:
+        for ids in ([0, 1], [2], [0]):  # recency now 1, 2, 0
+            cache.release(cache.acquire(layer, ids))
+        h = cache.acquire(layer, [3, 1])  # 1 is requested: 3 evicts 2, not 1
+        assert h.hits == (False, True)
+        cache.release(h)
+        assert cache.cached(layer) == [0, 1, 3]
+        h = cache.acquire(layer, [4])  # least recent now 0
+        cache.release(h)
+        assert cache.cached(layer) == [1, 3, 4]
+
+
+def test_prefetch_counts_and_skips(model):
+    layer = model.experts.layers[1]
+    size = int(model.experts.nbytes[1].sum(axis=1)[0])
+    with _cache(model, 3) as cache:
+        h = cache.acquire(layer, [0, 1])
+        assert cache.prefetch(layer, [0, 2, 3]) == 1  # 0 cached, 2 takes the free slot, 3 none
+        s = cache.stats
+        assert s["prefetches"] == 1 and s["prefetch_bytes_read"] == size
+        assert s["lookups"] == 2  # a prefetch is not a lookup
+        cache.release(h)
+        h = cache.acquire(layer, [2])
+        assert h.hits == (False,)
+        _check(model, h)
+        cache.release(h)
+        s = cache.stats
+        assert (s["hits"], s["misses"], s["prefetch_hits"]) == (0, 3, 1)
+        assert s["prefetch_hit_rate"] == 1 / 3
+
+
+def test_bypass_counts_streamed_misses(model):
+    """lrfu_bypass with K cache slots: once they hold an expert that was requested twice, a
+    new expert requested once streams past the cache (bypassed) and is not cached."""
+    layer = model.experts.layers[0]
+    with _cache(model, 4, policy="lrfu_bypass") as cache:  # 2 streaming + 2 cache
+        for _ in range(2):
+            cache.release(cache.acquire(layer, [0, 1]))
+        h = cache.acquire(layer, [2])
+        assert h.hits == (False,) and h.entries == [None]
+        _check(model, h)
+        cache.release(h)
+        s = cache.stats
+        assert s["bypassed"] == 1 and s["evictions"] == 0 and s["policy"] == "lrfu_bypass"
+        assert cache.cached(layer) == [0, 1]
+
+
+def test_bad_ids_and_settings(model):
+    with _cache(model, 2) as cache:
+        layer = model.experts.layers[0]
+        with pytest.raises(ValueError, match="distinct"):
+            cache.acquire(layer, [1, 1])
+        with pytest.raises(ValueError, match=r"expert 8 out of range 0\.\.7"):
+            cache.acquire(layer, [8])
+        with pytest.raises(ValueError, match=r"expert -1 out of range"):
+            cache.acquire(layer, [-1])
+        h = cache.acquire(layer, [0, 7])
+        cache.release(h)
+    with pytest.raises(ParamsError, match="cache policy 'nope'"):
+        CacheSettings(policy="nope")
+    with pytest.raises(ParamsError, match="half_life 0"):
+        CacheSettings(half_life=0)
+    with pytest.raises(ParamsError, match="prefetch_slots -1"):
+        CacheSettings(prefetch_slots=-1)
+    assert CacheSettings(prefetch_slots=0).prefetch_slots == 0
+    assert CacheSettings().policy == "auto" and CacheSettings().half_life == 32.0
+
+
+def test_slot_needs_per_policy():
+    assert POLICIES == ("auto", "lru", "lrfu_bypass", "layer_lrfu")
+    assert min_slots("lru", 2, 3) == 2
+    assert min_slots("layer_lrfu", 2, 3) == 2
+    assert min_slots("lrfu_bypass", 2, 3) == 2 + 2 + 3
+    split = split_slots("lrfu_bypass", 10, 4, 2, 1)
+    assert (split.policy, split.cache, split.streaming) == ("lrfu_bypass", 7, 3)
+    lru = split_slots("lru", 10, 4, 2, 1)
+    assert (lru.policy, lru.cache, lru.streaming) == ("lru", 10, 0)
