@@ -115,7 +115,8 @@ def _decay_and_beta(alpha, dt_bias, a, beta):  # alpha, beta [T, Hv] in place; d
     for t in range(T):
         for h in range(Hv):
             x = alpha[t, h] + dt_bias[h]
-            sp = x if x > np.float32(20.0) else np.float32(math.log1p(math.exp(x)))
+            # ggml's softplus: logf(1 + expf(x)), x itself above 20
+            sp = x if x > np.float32(20.0) else np.float32(math.log(np.float32(1.0) + math.exp(x)))
             alpha[t, h] = sp * a[h]
             beta[t, h] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-beta[t, h])))
 

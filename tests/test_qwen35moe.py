@@ -1,0 +1,299 @@
+"""qwen35moe: delta-net kernels against their NumPy references, the NumPy reference and the
+engine against llama.cpp on the synthetic `tiny35` model (3 delta-net blocks, 1 full-attention
+block, 12 query / 3 KV heads, delta-net 3 key / 6 value heads, shared expert), paged against
+resident experts, the CLI on it, and one-line refusals.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf_builders import Layout, write_model
+
+from sdq.errors import UnsupportedError
+from sdq.format.model import open_model
+from sdq.format.tokenizer import Tokenizer
+from sdq.kernels import delta_net
+from sdq.measure.llama_ref import open_llama
+from sdq.paging.cache import ExpertCache
+from sdq.run.engine import Engine, ResidentExperts
+from sdq.run.generate import GenerateSettings, generate
+from sdq.run.plan import plan_for_slots
+from sdq.run.qwen35_reference import Qwen35Reference
+from sdq.run.sampler import SamplerSettings
+from sdq.run.workspace import Workspace
+from sdq.synth.build import build_model
+
+GGML_TYPE_F32 = 0
+N_UBATCH = 64
+TEXT = (
+    "Mixture-of-experts models route every token to a few of many feed-forward experts. "
+    "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～ нещо на Български "
+    "The storage hierarchy has three levels: caches, main memory and the disk, 3333 33."
+)
+
+
+def random_tokens(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 151_643, n)]
+
+
+def llama(path, n_ctx: int):
+    return open_llama(
+        path,
+        n_ctx=n_ctx,
+        n_ubatch=N_UBATCH,
+        threads=2,
+        logits_all=True,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
+    )
+
+
+def llama_logits(path, tokens) -> np.ndarray:
+    llm = llama(path, len(tokens) + 8)
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # [T, V]
+
+
+def sdq_engine(path, n_ctx: int, experts=None, n_ubatch: int = N_UBATCH):
+    model = open_model(path)
+    ws = Workspace.allocate(model.spec, n_ctx, n_ubatch)
+    experts = experts if experts is not None else ResidentExperts(model)
+    return Engine(model, experts, ws, n_ctx, n_ubatch)
+
+
+def sdq_logits(engine, tokens, n_ubatch: int = N_UBATCH) -> np.ndarray:
+    parts = [
+        engine.forward(tokens[i : i + n_ubatch], "all") for i in range(0, len(tokens), n_ubatch)
+    ]
+    return np.concatenate(parts)  # [T, V]
+
+
+def per_position_error(got, want) -> np.ndarray:
+    return np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+
+
+@pytest.fixture(scope="module")
+def f32_path(llama_cpp):
+    return build_model("tiny35", qtype="F32", seed=0)
+
+
+@pytest.fixture(scope="module")
+def q4_path(llama_cpp):
+    return build_model("tiny35", qtype="Q4_K_M", seed=0)
+
+
+# --- kernels against their references -----------------------------------------------------
+
+
+def test_causal_conv_silu_matches_reference():
+    rng = np.random.default_rng(0)
+    T, C, Kc = 7, 45, 4
+    x = rng.standard_normal((T, C)).astype(np.float32)  # [T, C]
+    state = rng.standard_normal((Kc - 1, C)).astype(np.float32)  # [Kc-1, C]
+    w = rng.standard_normal((C, Kc)).astype(np.float32)  # [C, Kc]
+    out = np.empty((T, C), np.float32)
+    delta_net.causal_conv_silu(np.concatenate([state, x]), w, out)
+    conv, new_state = delta_net.causal_conv_ref(x, w, state)
+    np.testing.assert_allclose(out, conv / (1 + np.exp(-conv)), rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(new_state, np.concatenate([state, x])[T:])
+
+
+def test_l2_norm_heads_matches_reference_on_strided_views():
+    rng = np.random.default_rng(1)
+    buf = rng.standard_normal((5, 3 * 24 + 10)).astype(np.float32)  # q heads inside a wider row
+    view = buf[:, 10:].reshape(5, 3, 24)  # [T, H, S], not contiguous
+    want = delta_net.l2_norm_ref(view, 1e-6)
+    delta_net.l2_norm_heads(view, 1e-6)
+    np.testing.assert_allclose(buf[:, 10:].reshape(5, 3, 24), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.linalg.norm(view, axis=-1), 1.0, rtol=1e-5)
+
+
+def test_gated_delta_rule_matches_reference_with_tiled_key_heads():
+    rng = np.random.default_rng(2)
+    T, Hk, Hv, S = 9, 2, 6, 24  # value head h reads key head h % Hk
+    q = delta_net.l2_norm_ref(rng.standard_normal((T, Hk, S)), 1e-6).astype(np.float32)
+    k = delta_net.l2_norm_ref(rng.standard_normal((T, Hk, S)), 1e-6).astype(np.float32)
+    v = rng.standard_normal((T, Hv, S)).astype(np.float32)
+    g = -rng.uniform(0.05, 2.0, (T, Hv)).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, (T, Hv)).astype(np.float32)
+    state0 = rng.standard_normal((Hv, S, S)).astype(np.float32)
+    want_o, want_s = delta_net.gated_delta_rule_ref(q, k, v, g, beta, state0)
+    state = state0.copy()
+    out = np.empty((T, Hv, S), np.float32)
+    delta_net.gated_delta_rule(q, k, v, g, beta, state, out)
+    np.testing.assert_allclose(out, want_o, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state, want_s, rtol=1e-4, atol=1e-5)
+    # the head mapping matters: the block mapping h // (Hv / Hk) gives a different output
+    blocked = Hv // Hk
+    alt, _ = delta_net.gated_delta_rule_ref(
+        np.repeat(q, blocked, axis=1), np.repeat(k, blocked, axis=1), v, g, beta, state0
+    )
+    assert np.abs(alt - want_o).max() > 1e-2
+
+
+def test_decay_and_beta_matches_reference():
+    rng = np.random.default_rng(3)
+    alpha = (rng.standard_normal((4, 6)) * 15).astype(np.float32)  # both sides of the cutoff 20
+    beta = rng.standard_normal((4, 6)).astype(np.float32)
+    dt, a = rng.standard_normal(6).astype(np.float32), -rng.uniform(0.1, 3, 6).astype(np.float32)
+    want_g, want_b = delta_net.decay_and_beta_ref(alpha, dt, a, beta)
+    delta_net.decay_and_beta(alpha, dt, a, beta)
+    np.testing.assert_allclose(alpha, want_g, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(beta, want_b, rtol=1e-6, atol=1e-7)
+
+
+def test_partial_rope_reference_keeps_the_unrotated_dims():
+    x = np.random.default_rng(4).standard_normal((3, 2, 16))
+    out = delta_net.rope_partial_ref(x, np.array([0, 1, 5]), 1e6, 8)
+    np.testing.assert_array_equal(out[..., 8:], x[..., 8:])
+    np.testing.assert_allclose(out[0], x[0])  # position 0: no rotation
+    np.testing.assert_allclose(
+        np.linalg.norm(out[..., :8], axis=-1), np.linalg.norm(x[..., :8], axis=-1)
+    )
+
+
+# --- against llama.cpp ----------------------------------------------------------------------
+
+
+def test_reference_and_engine_match_llama_cpp_f32(f32_path):
+    tokens = random_tokens(100, seed=1)  # two ubatches of 64 on both sides
+    want = llama_logits(f32_path, tokens)
+    ref = Qwen35Reference(open_model(f32_path))  # float64 and slow: the first 40 tokens
+    parts = [ref.forward(tokens[:17]), ref.forward(tokens[17:18]), ref.forward(tokens[18:40])]
+    mine = np.concatenate(parts)  # prefill, one decode step, prefill again: state carried over
+    got = sdq_logits(sdq_engine(f32_path, len(tokens) + 8), tokens)
+    # F32 weights and activations everywhere: only float rounding differs. Measured: worst
+    # position 2e-6 (reference) and 3e-6 (engine) of the largest logit.
+    assert per_position_error(mine, want[:40]).max() < 1e-5
+    assert per_position_error(got, want).max() < 1e-5
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_f32_greedy_continuation_identical(f32_path):
+    tok = Tokenizer.from_gguf(f32_path)
+    prompt = tok.encode(TEXT)
+    n = 32
+    engine = sdq_engine(f32_path, len(prompt) + n)
+    settings = GenerateSettings(n_predict=n, sampler=SamplerSettings(temp=0.0), stop_at_eos=False)
+    ours = generate(engine, tok, prompt, settings).generated_ids
+    llm = llama(f32_path, len(prompt) + n)
+    llm.eval(prompt)
+    theirs = []
+    for _ in range(n):
+        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval(theirs[-1:])
+    assert len(prompt) > N_UBATCH and ours == theirs
+
+
+@pytest.mark.parametrize("qtype, bar", [("Q8_0", 0.97), ("Q4_K_M", 0.95)])
+def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
+    path = build_model("tiny35", qtype=qtype, seed=0)
+    tokens = random_tokens(260, seed=2)
+    got = sdq_logits(sdq_engine(path, len(tokens) + 8), tokens)
+    want = llama_logits(path, tokens)
+    err = per_position_error(got, want)
+    agree = (got.argmax(1) == want.argmax(1)).mean()
+    # Both engines convert activations to 8-bit blocks and their float sums differ in the
+    # last bit; now and then such a bit moves an activation across a rounding boundary. In
+    # qwen3moe that moves one position (and, diluted, the ones attending to it); here the
+    # delta-net state carries it into every later token, so after the first such event
+    # (measured: position 24 for Q8_0, 23 for Q4_K_M) all positions differ by ~1 % of the
+    # largest logit (median 1.1e-2 and 1.3e-2), which flips top-1 where the top two nearly
+    # tie. Measured top-1 agreement: 255/260 (Q8_0), 252/260 (Q4_K_M). Before the first
+    # event the engines agree to float rounding (measured 2e-7 and 4e-7):
+    assert err[:16].max() < 1e-4, f"early positions differ: {err[:16].max():.2e}"
+    assert agree >= bar, f"top-1 agreement {agree:.3f}"
+
+
+# --- paging, CLI, refusals ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 16])
+def test_paged_experts_give_the_resident_logits(q4_path, n_ubatch):
+    tokens = random_tokens(40, seed=3)
+    base = sdq_logits(sdq_engine(q4_path, 64, n_ubatch=n_ubatch), tokens, n_ubatch)
+    model = open_model(q4_path)
+    spec = model.spec
+    slots = spec.n_expert_used + 3  # < 2 x one layer's 8 experts: acquires in chunks, evicts
+    assert slots < 2 * spec.n_expert
+    with ExpertCache(model, plan_for_slots(model, slots)) as cache:
+        got = sdq_logits(sdq_engine(q4_path, 64, cache, n_ubatch), tokens, n_ubatch)
+        stats = cache.stats
+    assert np.array_equal(got, base)
+    assert stats["misses"] > 0 and stats["evictions"] > 0
+
+
+def test_engine_reset_forgets_the_recurrent_state(f32_path):
+    engine = sdq_engine(f32_path, 64)
+    tokens = random_tokens(20, seed=4)
+    first = engine.forward(tokens, "all")
+    engine.reset()
+    assert not engine.ws.ssm_cache.any() and not engine.ws.conv_cache.any()
+    np.testing.assert_array_equal(engine.forward(tokens, "all"), first)
+
+
+def test_chat_under_a_budget_exits_0(q4_path):
+    size_mb = q4_path.stat().st_size / 1e6
+    plan = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sdq",
+            "plan",
+            str(q4_path),
+            "--ram-budget-mb",
+            "1",
+            "--reserve-mb",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert plan.returncode == 2 and len(plan.stderr.strip().splitlines()) == 1
+    minimum = float(plan.stderr.split("minimum budget ")[1].split(" MB")[0])
+    budget = minimum + 1  # a few slots: far fewer than the model's 32 experts
+    chat = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sdq",
+            "chat",
+            "-m",
+            str(q4_path),
+            "-p",
+            "Hello there",
+            "-n",
+            "8",
+            "--ram-budget-mb",
+            f"{budget:.1f}",
+            "--reserve-mb",
+            "0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert chat.returncode == 0, chat.stderr
+    out = json.loads(chat.stdout)
+    assert out["n_generated"] == 8
+    assert out["slots"] < 4 * open_model(q4_path).spec.n_expert
+    assert out["expert_cache"]["misses"] > 0
+    assert size_mb > 0
+
+
+def test_qwen35moe_without_delta_net_keys_is_refused_in_one_line(tmp_path):
+    path, _ = write_model(tmp_path / "m.gguf", Layout(arch="qwen35moe", shared_ffn=32, n_layer=2))
+    model = open_model(path)
+    assert model.spec.hybrid is None
+    with pytest.raises(UnsupportedError, match="ssm"):
+        Engine(model, ResidentExperts(model), Workspace.allocate(model.spec, 8, 8), 8, 8)
+    chat = subprocess.run(
+        [sys.executable, "-m", "sdq", "chat", "-m", str(path), "-p", "hi", "--resident"],
+        capture_output=True,
+        text=True,
+    )
+    assert chat.returncode == 2
+    assert len(chat.stderr.strip().splitlines()) == 1 and "Traceback" not in chat.stderr
