@@ -59,6 +59,14 @@ _ARRAY_DTYPES: dict[GGUFValueType, str] = {
 }
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 4
+# Bounds on what a header may ask this reader to build, checked before building it, so that a
+# damaged or hostile file costs little memory whatever its counts and lengths say (a sparse
+# file can be terabytes long). Real headers are far inside them: the largest vocabularies have
+# a few hundred thousand tokens, and a whole header with its vocabulary is some tens of MB.
+MAX_HEADER_BYTES = 64 * 2**20  # metadata and tensor directory together
+MAX_ARRAY_ITEMS = 2**22  # items of one metadata array
+MAX_TENSORS = 2**20
+MAX_KV = 2**20
 SUPPORTED_VERSIONS = (2, 3)
 
 
@@ -91,6 +99,10 @@ class _Short(Exception):
         self.offset, self.need, self.what = offset, need, what
 
 
+class _TooLarge(_Short):
+    """Internal: a read would take the header past MAX_HEADER_BYTES."""
+
+
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer."""
 
@@ -100,6 +112,8 @@ class _Cursor:
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
             raise _Short(self.pos, n, what)
+        if self.pos + n > MAX_HEADER_BYTES:
+            raise _TooLarge(self.pos, n, what)
 
     def scalar(self, vtype: GGUFValueType, what: str):
         fmt, n = _SCALARS[vtype]
@@ -149,6 +163,11 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0) ->
         )
     item_type = _value_type(cur, cur.u32(f"array type of {key}"), key)
     count = cur.u64(f"array length of {key}")
+    if count > MAX_ARRAY_ITEMS:
+        raise GGUFError(
+            f"{cur.path}: metadata {key}: array of {count} items (this reader takes up to "
+            f"{MAX_ARRAY_ITEMS})"
+        )
     if item_type in _ARRAY_DTYPES:
         dtype = np.dtype(_ARRAY_DTYPES[item_type])
         cur.need(count * dtype.itemsize, f"{count} array items of {key}")
@@ -168,6 +187,8 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str, depth: int = 0) ->
             pos += 8
             if pos + n > size:
                 raise _Short(pos, n, f"string in {key}")
+            if pos + n > MAX_HEADER_BYTES:
+                raise _TooLarge(pos, n, f"string in {key}")
             append(buf[pos : pos + n].decode("utf-8", "surrogateescape"))
             pos += n
         cur.pos = pos
@@ -193,6 +214,11 @@ def read_header(path: str | os.PathLike) -> Header:
         raise GGUFError(f"{path}: permission denied") from None
     except OSError as exc:
         raise GGUFError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except _TooLarge as s:
+        raise GGUFError(
+            f"{path}: GGUF header larger than {MAX_HEADER_BYTES} bytes: {s.what} needs {s.need}"
+            f" bytes at offset {s.offset}"
+        ) from None
     except _Short as s:
         raise GGUFError(
             f"{path}: truncated GGUF header: {s.what} needs {s.need} bytes at offset {s.offset},"
@@ -212,6 +238,9 @@ def _parse(path: Path, buf, size: int) -> Header:
         raise UnsupportedError(f"{path}: GGUF version {version} is not supported (2 or 3)")
     n_tensors = cur.u64("tensor count")
     n_kv = cur.u64("metadata count")
+    for what, count, most in (("tensors", n_tensors, MAX_TENSORS), ("metadata", n_kv, MAX_KV)):
+        if count > most:
+            raise GGUFError(f"{path}: {count} {what} entries (this reader takes up to {most})")
     # each KV needs >= 13 bytes (key length, type, 1-byte value); each tensor entry >= 28
     cur.need(n_kv * 13 + n_tensors * 28, f"{n_kv} metadata entries and {n_tensors} tensor entries")
 
