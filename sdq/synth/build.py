@@ -98,6 +98,9 @@ class SynthConfig:
     shared_ffn: int = 512
     rope_dim: int = 64  # rotated dims of each head (partial rotary)
     rope_sections: tuple[int, int, int, int] = (11, 11, 10, 0)
+    # llama.cpp quantizer overrides: (regular expression on tensor names, GGML type name);
+    # left out of params() when empty
+    tensor_types: tuple[tuple[str, str], ...] = ()
 
     def validate(self) -> SynthConfig:
         def need(ok: bool, what: str) -> None:
@@ -129,6 +132,13 @@ class SynthConfig:
         )
         need(self.token_subgroups >= 1, f"token_subgroups {self.token_subgroups} must be >= 1")
         need(self.arch in ARCHES, f"arch {self.arch!r} is not one of {', '.join(ARCHES)}")
+        from gguf.constants import GGMLQuantizationType
+
+        for pattern, type_name in self.tensor_types:
+            need(
+                type_name in GGMLQuantizationType.__members__,
+                f"tensor type override {pattern!r}: unknown type {type_name!r}",
+            )
         if self.arch == "qwen35moe":
             need(
                 self.ssm_v_heads % self.ssm_k_heads == 0,
@@ -163,6 +173,8 @@ class SynthConfig:
         if self.arch == ARCH:
             for name in QWEN35_FIELDS:
                 del out[name]
+        if not self.tensor_types:
+            del out["tensor_types"]
         return out
 
 
@@ -211,7 +223,8 @@ PRESETS: dict[str, SynthConfig] = {
         shared_ffn=256,
         route_rank=8,
     ),
-    # shaped like Qwen3.6-35B-A3B at depth 4 (3 delta-net blocks, 1 full-attention block)
+    # shaped like Qwen3.6-35B-A3B at depth 4 (3 delta-net blocks, 1 full-attention block); its
+    # Q4_K_M has the seed's expert segments: gate/up Q4_K (589,824 B), down Q5_K (720,896 B)
     "seed": SynthConfig(
         name="seed",
         arch="qwen35moe",
@@ -224,6 +237,7 @@ PRESETS: dict[str, SynthConfig] = {
         n_head_kv=2,
         head_dim=256,
         route_rank=16,
+        tensor_types=(("ffn_down_exps", "Q5_K"),),
     ),
 }
 
@@ -326,10 +340,10 @@ def _build(cfg: SynthConfig, q: str, seed: int, final: Path, *, progress: bool, 
             _llama_cpp()  # fail before spending minutes on the F16 source
             cached_f16 = model_path(cfg, "F16", seed)
             if cached_f16.is_file():  # the F16 model is exactly the quantizer's input
-                quantize(cached_f16, tmp, q, progress=progress, nthread=nthread)
+                quantize(cached_f16, tmp, q, progress=progress, nthread=nthread, cfg=cfg)
             else:
                 write_gguf(cfg, seed, source, dtype="F16", progress=progress, threads=nthread)
-                quantize(source, tmp, q, progress=progress, nthread=nthread)
+                quantize(source, tmp, q, progress=progress, nthread=nthread, cfg=cfg)
                 source.unlink()
         os.replace(tmp, final)
     finally:
@@ -568,15 +582,33 @@ def _add_metadata(writer, cfg: SynthConfig, seed: int, vocab, dtype: str) -> Non
 # --- quantizing -----------------------------------------------------------------------------
 
 
-def quantize(src: Path, dst: Path, qtype: str, *, progress: bool = False, nthread: int = 0):
-    """Quantize a F16/F32 GGUF with llama.cpp's quantizer (`llama_model_quantize`)."""
+def quantize(
+    src: Path,
+    dst: Path,
+    qtype: str,
+    *,
+    progress: bool = False,
+    nthread: int = 0,
+    cfg: SynthConfig | None = None,
+):
+    """Quantize a F16/F32 GGUF with llama.cpp's quantizer (`llama_model_quantize`), with the
+    config's per-tensor type overrides (`tensor_types`) if any."""
     llama_cpp = _llama_cpp()
+    from gguf.constants import GGMLQuantizationType
     from tqdm import tqdm
 
     q = _check_qtype(qtype)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = QTYPES[q]
     params.nthread = nthread if nthread > 0 else (os.cpu_count() or 1)
+    overrides = cfg.tensor_types if cfg is not None else ()
+    if overrides:  # a C array ended by a null pattern; kept alive until the call returns
+        entries = (llama_cpp.llama_model_tensor_override * (len(overrides) + 1))()
+        patterns = [p.encode() for p, _ in overrides]
+        for entry, pattern, (_, type_name) in zip(entries, patterns, overrides, strict=False):
+            entry.pattern = pattern
+            entry.type = GGMLQuantizationType[type_name].value
+        params.tt_overrides = entries
     result: dict[str, int] = {}
 
     def work() -> None:
