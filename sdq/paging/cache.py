@@ -272,6 +272,10 @@ class ExpertCache:
                         chooser = self._policy(res, row, group)
                     slot = chooser.slot_for(key)  # None: the policy streams this miss
                     streamed = streamed_of.pop(key, None) if streamed_of else None
+                    if streamed is not None and _read_failed(streamed[1]):
+                        stream_free.append(streamed[0])  # never served: read it again
+                        c["read_errors"] += 1
+                        streamed = None
                     if slot is None and streamed is None and not stream_free:
                         c["overflow_admits"] += 1  # no streaming slot left: admit instead
                         slot = chooser.overflow_slot()
@@ -324,7 +328,9 @@ class ExpertCache:
             with self._lock:
                 entry = handle.entries[i]
                 if entry is not None:
-                    self._residents.drop(entry)
+                    self._residents.drop(entry)  # counts the error
+                else:
+                    self._counters["read_errors"] += 1
             handle.pending[i] = None
             raise
         finally:
@@ -580,6 +586,12 @@ class ExpertCache:
             self._busy_ns += busy_ns
             self._counters["reads"] += reads
         self._inflight = keep
+
+
+def _read_failed(read: tuple[ReadBatch, int]) -> bool:
+    """Whether a read is over and failed (False while it runs)."""
+    batch, g = read
+    return batch.done(g) and batch.failed(g)
 
 
 def _quiet_wait_all(batch: ReadBatch) -> None:

@@ -40,6 +40,7 @@ the time between routing and the reads starting is a few NumPy calls whatever th
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -347,7 +348,8 @@ class ExpertReader:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
-            os.close(self.fd)
+            with contextlib.suppress(OSError):  # closed underneath already: nothing to free
+                os.close(self.fd)
 
 
 def _chunks(start: int, stop: int, n: int):
