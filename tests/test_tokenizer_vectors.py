@@ -5,7 +5,8 @@ llama.cpp keeps vocabulary-only GGUF files (`models/ggml-vocab-<name>.gguf`) wit
 tokenized without BOS and without parsing special tokens). `make setup` extracts them from the
 pinned llama-cpp-python source package into `<cache>/vocab-tests/<version>/`.
 
-Pre-tokenizers with no vocabulary file of their own (dbrx, olmo, deepseek-v3, gpt-4o, default)
+Pre-tokenizers with no vocabulary file of their own (dbrx, olmo, deepseek-v3, gpt-4o, kimi-k2,
+default)
 are checked by giving another file's vocabulary their name and comparing with llama.cpp (via
 llama-cpp-python, `vocab_only=True`) on random text: only the word splitting differs.
 """
@@ -47,6 +48,7 @@ RENAMED = (
     ("deepseek-v3", "deepseek-llm"),
     ("gpt-4o", "llama-bpe"),
     ("default", "gpt-2"),
+    ("kimi-k2", "qwen2"),
 )
 
 # Letters, digits and spaces from many scripts, marks, emoji and unusual whitespace.

@@ -94,6 +94,18 @@ _DEEPSEEK_CJK = ((0x4E00, 0x9FA5), (0x800, 0x4E00), (0xAC00, 0xD7FF))
 # CJK ideographs, Hiragana, Katakana.
 _DEEPSEEK3_CJK = ((0x4E00, 0x9FA5), (0x3040, 0x309F), (0x30A0, 0x30FF))
 
+# Han ideographs as llama.cpp ranges them: CJK unified (with extensions A-F) and compatibility.
+_HAN = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF),
+        (0x2F800, 0x2FA1F))  # fmt: skip
+# Kimi K2: Han runs on their own, then words of other letters (case not considered, as in
+# llama.cpp) with one optional leading non-letter and a contraction, digit groups of up to 3.
+_KIMI_K2_REGEX = (
+    f"[{_ranges(_HAN)}]+"
+    f"|[^\\r\\n\\p{{L}}\\p{{N}}]?(?:(?![{_ranges(_HAN)}])\\p{{L}})+(?:{_CONTRACTION})?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 # GPT-4o (o200k): a word is upper-case letters then lower-case ones, or the reverse; letters
 # other than ASCII count as both (as in llama.cpp).
 _UPPER = r"(?:(?=\p{L})[^a-z])"
@@ -154,6 +166,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("starcoder", "refact", "command-r", "smollm"), _STARCODER),
     **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo"), _GPT2),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), PreTokenizer((_GPT4O_REGEX,))),
+    "kimi-k2": PreTokenizer((_KIMI_K2_REGEX,)),
 }
 
 TOKENIZER_MODELS = ("gpt2", "llama")
