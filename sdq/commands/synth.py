@@ -1,4 +1,5 @@
-"""`sdq synth`: build (or find in the cache) a synthetic qwen3moe GGUF model and print its path."""
+"""`sdq synth`: build (or find in the cache) a synthetic qwen3moe or qwen35moe GGUF model and
+print its path."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ _DIM_FLAGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="tiny", help="tiny (tests) or mini (reproduce)")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        help="qwen3moe: tiny (tests), mini (reproduce); qwen35moe: tiny35 (tests), seed (shaped "
+        "like Qwen3.6-35B-A3B, 4 blocks)",
+    )
     parser.add_argument("--qtype", default="Q4_K_M", help="Q4_K_M, Q8_0, F16, F32 (or Q4_0...)")
     parser.add_argument("--seed", type=int, default=0)
     dims = parser.add_argument_group("custom dimensions (override the preset)")

@@ -1,6 +1,8 @@
-"""Synthetic qwen3moe GGUF models for tests and the lab, quantized by llama.cpp.
+"""Synthetic qwen3moe and qwen35moe GGUF models for tests and the lab, quantized by llama.cpp.
 
-    build.py    presets (tiny, mini, custom), SynthConfig, the GGUF writer, the model cache
+    build.py    presets (tiny, mini, tiny35, seed, custom), SynthConfig, the GGUF writer, the
+                model cache
+    qwen35.py   what a qwen35moe model adds: delta-net and gated-attention blocks, shared expert
     weights.py  deterministic weights whose router keeps token- and context-dependent routing
     vocab.py    the real Qwen2 vocabulary (llama.cpp's ggml-vocab-qwen2.gguf)
 

@@ -1,4 +1,5 @@
-"""Synthetic qwen3moe GGUF models that llama.cpp loads and runs: stand-ins for real weights.
+"""Synthetic qwen3moe and qwen35moe GGUF models that llama.cpp loads and runs: stand-ins for
+real weights.
 
     from sdq.synth.build import build_model, SynthConfig, PRESETS
     path = build_model("tiny", qtype="Q4_K_M", seed=0)
@@ -15,7 +16,10 @@ back to a 32-block type and Q4_K_M holds Q4_K, Q5_K and Q6_K tensors (plus Q8_0 
 llama.cpp's choice for 8-expert models); about 62 MB in Q4_K_M, mostly the 151,936-token
 vocabulary's embedding and output matrices. `mini` for `make reproduce`: seed-like expert
 segments (n_embd 2048, expert FFN 512, so one Q4_K gate/up segment is 589,824 B), 64 experts,
-top-8, 8 layers; about 1.5 GB in Q4_K_M.
+top-8, 8 layers; about 1.5 GB in Q4_K_M. qwen35moe (`arch`, sdq.synth.qwen35): `tiny35` for tests
+(66 MB in Q4_K_M), `seed` shaped like Qwen3.6-35B-A3B (n_embd 2048, 256 experts top-8, expert
+FFN 512, one shared expert, delta-net blocks with 16 key / 32 value heads of 128, full attention
+with 16 query / 2 KV heads of 256) at depth 4: 3 delta-net blocks and 1 full-attention block.
 
 Files are cached under `<cache>/models/` (`sdq.dirs`) by a content hash of (config, qtype,
 seed, SYNTH_FORMAT_VERSION, vocabulary hash, llama-cpp-python version). A model is written to a
