@@ -297,3 +297,35 @@ def test_qwen35moe_without_delta_net_keys_is_refused_in_one_line(tmp_path):
     )
     assert chat.returncode == 2
     assert len(chat.stderr.strip().splitlines()) == 1 and "Traceback" not in chat.stderr
+
+
+def test_recurrent_state_is_counted_with_the_kv_cache(q4_path):
+    from sdq.run.plan import plan_memory
+    from sdq.run.workspace import workspace_bytes
+
+    model = open_model(q4_path)
+    spec, hy = model.spec, model.spec.hybrid
+    sizes = workspace_bytes(spec, 256, 32)
+    # one full-attention block has a KV cache; three delta-net blocks have conv + delta states
+    assert sizes["k_cache"] == 1 * 256 * spec.n_head_kv * spec.head_dim * 4
+    assert sizes["ssm_cache"] == 3 * hy.v_heads * hy.state**2 * 4
+    assert sizes["conv_cache"] == 3 * (hy.conv_kernel - 1) * hy.conv_channels * 4
+    engine = sdq_engine(q4_path, 256, n_ubatch=32)
+    assert engine.ws.nbytes == sum(sizes.values())
+    plan = plan_memory(model, 1000, n_ctx=256, n_ubatch=32, reserve_mb=0, rss_now=100 << 20)
+    kv = sizes["k_cache"] + sizes["v_cache"] + sizes["ssm_cache"] + sizes["conv_cache"]
+    assert kv <= plan.kv_bytes < kv + 4 * 4096  # each buffer rounded up to pages
+
+
+def test_info_classes_delta_net_and_full_attention_tensors(q4_path):
+    from sdq.format.model import anatomy
+
+    info = anatomy(open_model(q4_path))
+    classes = info["tensor_classes"]
+    # per delta-net block: attn_qkv, attn_gate + 7 ssm_* (ssm_norm counts as a norm);
+    # the full-attention block: attn_q, attn_k, attn_v, attn_output
+    assert classes["linear_attention"]["count"] == 3 * (2 + 6)
+    assert classes["attention"]["count"] == 4
+    assert classes["shared_expert"]["count"] == 4 * 4  # gate, up, down, gate_inp_shexp
+    assert info["spec"]["hybrid"]["recurrent_layers"] == (0, 1, 2)
+    assert info["experts"]["moe_layers"] == 4
