@@ -196,6 +196,8 @@ class DenseWeights:
     @classmethod
     def _assemble(cls, model, matrix, vector) -> DenseWeights:
         tensors = model.tensors
+        if model.spec.arch == "qwen35moe":
+            _check_hybrid(model)
         embd = matrix("token_embd.weight")
         output = matrix("output.weight") if "output.weight" in tensors else embd
         layers = []
