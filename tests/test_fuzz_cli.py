@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -345,3 +346,136 @@ def test_processes(files, tmp_path):
         proc = run_sdq(*argv)
         assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1, proc.stderr
         assert b"Traceback" not in proc.stderr
+
+
+# ---- trace files: sdq.analysis.readers through `sdq routes`
+
+
+def _engine_trace() -> str:
+    lines = ['{"model": "m", "n_expert": 8, "top_k": 2}']
+    for phase, positions in (("prefill", (0, 1)), ("decode", (2, 3, 4))):
+        for pos in positions:
+            for layer in (0, 1):
+                e = [(pos + layer) % 8, (pos + 3) % 8 if (pos + 3) % 8 != (pos + layer) % 8 else 7]
+                lines.append(
+                    json.dumps(
+                        {
+                            "phase": phase,
+                            "pos": pos,
+                            "layer": layer,
+                            "experts": e,
+                            "weights": [0.6, 0.4],
+                        }
+                    )
+                )
+    return "\n".join(lines) + "\n"
+
+
+def _granite_trace() -> str:
+    prompt = {
+        "prompt_len": 2,
+        "prefill": [[[0, 1], [2, 3]], [[1, 2], [3, 0]]],
+        "decode": [[[0, 3], [1, 2]], [[2, 0], [3, 1]]],
+    }
+    return json.dumps(
+        {"model": "g", "num_layers": 2, "num_experts": 4, "top_k": 2, "prompts": {"p": prompt}}
+    )
+
+
+def _mixtral_trace() -> str:
+    rows = [
+        {
+            "dataset": "d",
+            "problem_id": 0,
+            "layer": layer,
+            "experts": [t % 8, (t + 1) % 8],
+            "gating_probs": [0.7, 0.3],
+            "token_idx": t,
+        }
+        for layer in (0, 1)
+        for t in range(3)
+    ]
+    return "\n".join(json.dumps(r) for r in rows) + "\n"
+
+
+def _deepseek_trace() -> str:
+    rows = ["Layer ID,Batch Number,Token,Activated Expert IDs"]
+    rows += [f'{layer},0,tok{t},"[{t}, {t + 1}, {t + 9}]"' for layer in (1, 2) for t in range(3)]
+    return "\n".join(rows) + "\n"
+
+
+TRACE_SEEDS = {
+    "engine.jsonl": _engine_trace(),
+    "granite.json": _granite_trace(),
+    "mixtral.jsonl": _mixtral_trace(),
+    "deepseek.csv": _deepseek_trace(),
+}
+NUMBER = re.compile(r"-?\d+(\.\d+)?")
+HOSTILE_JSON = [
+    "-1",
+    str(2**62),
+    str(2**64),
+    "1e308",
+    "-0",
+    "NaN",
+    "Infinity",
+    "1.5",
+    "true",
+    "null",
+    '"7"',
+    "[]",
+    "{}",
+    "[1, 1]",
+    str(2**31),
+]
+
+
+@pytest.mark.parametrize("name", sorted(TRACE_SEEDS))
+def test_hostile_traces(name, tmp_path, capsys):
+    seed = TRACE_SEEDS[name]
+    path = tmp_path / name
+    path.write_text(seed)
+    for cmd in ("simulate", "stats"):
+        assert main(["routes", cmd, str(path), "--json"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+    @settings(
+        max_examples=20,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def fuzz(data):
+        text = seed
+        how = data.draw(st.sampled_from(["number", "number", "cut", "flip", "repeat"]))
+        if how == "number":
+            spots = list(NUMBER.finditer(text))
+            m = spots[data.draw(st.integers(0, len(spots) - 1))]
+            text = text[: m.start()] + data.draw(st.sampled_from(HOSTILE_JSON)) + text[m.end() :]
+        elif how == "cut":
+            text = text[: data.draw(st.integers(0, len(text) - 1))]
+        elif how == "flip":
+            i = data.draw(st.integers(0, len(text) - 1))
+            text = (
+                text[:i]
+                + data.draw(st.sampled_from(['"', "{", "]", ",", "\x00", "\n"]))
+                + text[i + 1 :]
+            )
+        else:
+            lines = text.splitlines(keepends=True)
+            i = data.draw(st.integers(0, len(lines) - 1))
+            text = "".join(lines[: i + 1] + lines[i:])
+        path.write_text(text)
+        for cmd in ("simulate", "stats"):
+            check(["routes", cmd, str(path)], capsys, tmp_path)
+
+    fuzz()
+
+
+def test_traces_that_are_not_text(tmp_path, capsys):
+    for name, data in (("noise.jsonl", os.urandom(2048)), ("latin1.csv", b"Layer ID,\xff\xfe\n")):
+        (tmp_path / name).write_bytes(data)
+        check(["routes", "stats", str(tmp_path / name)], capsys, tmp_path)
+    check(["routes", "stats", "/dev/zero"], capsys, tmp_path)

@@ -34,6 +34,10 @@ DEEPSEEK_HEADER = ["Layer ID", "Batch Number", "Token", "Activated Expert IDs"]
 # Facts of the published traces that the files themselves do not carry (see data/traces/README.md).
 MIXTRAL_EXPERTS = 8
 DEEPSEEK_EXPERTS = 64
+# Bounds on what a trace may declare: arrays are sized by expert counts, so an id of 2**40 in a
+# damaged file must be refused, not allocated for.
+MAX_EXPERTS = 2**16  # expert ids are below it
+MAX_INT = 2**31 - 1  # positions, layers, counts
 
 
 def detect_format(path: str | Path) -> str:
@@ -80,7 +84,12 @@ def read_trace(path: str | Path, fmt: str | None = None, n_expert: int | None = 
         raise TraceError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(FORMATS)})")
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
-    trace = readers[fmt](path)
+    try:
+        trace = readers[fmt](path)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
     if n_expert is not None:
         top = max_expert_id(trace)
         if top >= n_expert:
@@ -107,11 +116,23 @@ def _ids(value, where: str, top_k: int | None = None) -> list[int]:
         raise TraceError(f"{where}: expert ids must be a non-empty list, got {value!r}")
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
         raise TraceError(f"{where}: expert ids must be non-negative integers, got {value!r}")
+    if max(value) >= MAX_EXPERTS:
+        raise TraceError(f"{where}: expert id {max(value)} is not below {MAX_EXPERTS}")
     if len(set(value)) != len(value):
         raise TraceError(f"{where}: repeated expert id in {value!r}")
     if top_k is not None and len(value) != top_k:
         raise TraceError(f"{where}: {len(value)} expert ids, expected top_k={top_k}")
     return value
+
+
+def _weights(value, n: int, key: str, where: str) -> None:
+    """A list of `n` numbers (one per expert id), or TraceError."""
+    if (
+        not isinstance(value, list)
+        or len(value) != n
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    ):
+        raise TraceError(f"{where}: {key} must be a list of numbers as long as experts")
 
 
 def _json_line(line: str, where: str) -> dict:
@@ -130,10 +151,10 @@ def _require(obj: dict, keys: tuple[str, ...], where: str) -> None:
         raise TraceError(f"{where}: missing field(s) {', '.join(missing)}")
 
 
-def _int_field(obj: dict, key: str, where: str) -> int:
+def _int_field(obj: dict, key: str, where: str, least: int = 0, most: int = MAX_INT) -> int:
     v = obj[key]
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise TraceError(f"{where}: {key} must be a non-negative integer, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not least <= v <= most:
+        raise TraceError(f"{where}: {key} must be an integer in {least}..{most}, got {v!r}")
     return v
 
 
@@ -184,15 +205,14 @@ def read_engine(path: Path) -> RouteTrace:
             ids = _ids(obj["experts"], where)
             w = obj.get("weights") or None  # [] = unknown
             if w is not None:
-                if not isinstance(w, list) or len(w) != len(ids):
-                    raise TraceError(f"{where}: weights must be a list as long as experts")
+                _weights(w, len(ids), "weights", where)
                 has_weights = True
             row = data[str(obj.get("seq", "0"))][phase].setdefault(pos, {"layers": {}})
             if layer in row["layers"]:
                 raise TraceError(f"{where}: {phase} pos {pos} layer {layer} appears twice")
             row["layers"][layer] = (ids, w)
             if "token" in obj:
-                row["token"] = obj["token"]
+                row["token"] = _int_field(obj, "token", where)
             layers.add(layer)
             top_k = max(top_k, len(ids))
     if not layers:
@@ -212,10 +232,12 @@ def read_engine(path: Path) -> RouteTrace:
         model=str(meta.get("model", "")),
         layer_ids=tuple(layer_list),
         n_expert=0,
-        top_k=int(meta.get("top_k", top_k)),
+        top_k=_int_field({"top_k": top_k, **meta}, "top_k", f"{path}", top_k, MAX_EXPERTS),
         sequences=seqs,
     )
-    n_expert = int(meta.get("n_expert", max_expert_id(trace) + 1))
+    n_expert = max_expert_id(trace) + 1
+    if "n_expert" in meta:
+        n_expert = _int_field(meta, "n_expert", f"{path}", n_expert, MAX_EXPERTS)
     return RouteTrace(**{**trace.__dict__, "n_expert": n_expert})
 
 
@@ -261,7 +283,11 @@ def read_granite(path: Path) -> RouteTrace:
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object")
     _require(obj, ("num_layers", "num_experts", "top_k", "prompts"), where)
-    L, E, K = (_int_field(obj, k, where) for k in ("num_layers", "num_experts", "top_k"))
+    L = _int_field(obj, "num_layers", where, 1)
+    E = _int_field(obj, "num_experts", where, 1, MAX_EXPERTS)
+    K = _int_field(obj, "top_k", where, 1, E)
+    if not isinstance(obj["prompts"], dict):
+        raise TraceError(f"{where}: prompts must be an object of name: routing")
     seqs = []
     for name, p in obj["prompts"].items():
         if not isinstance(p, dict):
@@ -269,6 +295,8 @@ def read_granite(path: Path) -> RouteTrace:
         phases = {}
         for phase in ("prefill", "decode"):
             steps = p.get(phase, [])
+            if not isinstance(steps, list):
+                raise TraceError(f"{where}: prompt {name!r} {phase} must be a list")
             experts = np.full((len(steps), L, K), -1, dtype=np.int32)  # [T, L, K]
             for t, step in enumerate(steps):
                 if not isinstance(step, list) or len(step) != L:
@@ -336,9 +364,12 @@ def read_mixtral(path: Path) -> RouteTrace:
             tok = _int_field(obj, "token_idx", where)
             ids = _ids(obj["experts"], where)
             probs = obj.get("gating_probs")
-            if probs is not None and (not isinstance(probs, list) or len(probs) != len(ids)):
-                raise TraceError(f"{where}: gating_probs must be a list as long as experts")
-            key = (str(obj.get("dataset", "")), obj["problem_id"])
+            if probs is not None:
+                _weights(probs, len(ids), "gating_probs", where)
+            problem = obj["problem_id"]
+            if not isinstance(problem, int | str) or isinstance(problem, bool):
+                raise TraceError(f"{where}: problem_id must be an integer or a string")
+            key = (str(obj.get("dataset", "")), problem)
             if tok in data[key][layer]:
                 raise TraceError(f"{where}: problem {key[1]} layer {layer} token {tok} repeated")
             data[key][layer][tok] = (ids, probs)
@@ -448,6 +479,8 @@ def read_deepseek(path: Path) -> RouteTrace:
                 ids = json.loads(row[3])
             except (ValueError, json.JSONDecodeError):
                 raise TraceError(f"{where}: cannot parse {row!r}") from None
+            if not (0 <= layer <= MAX_INT and 0 <= batch <= MAX_INT):
+                raise TraceError(f"{where}: layer and batch must be in 0..{MAX_INT}, got {row!r}")
             ids = _ids(ids, where)
             data[batch][layer].append((row[2], ids))
             top_k = max(top_k, len(ids))
