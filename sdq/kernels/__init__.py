@@ -12,6 +12,7 @@
 [rows, row_bytes]; F32/F16 tensors may also be given as float arrays). Activations are
 converted as ggml's CPU backend does (Q8_K for K-quants, Q8_0 for Q8_0/Q4_0, F16/BF16 for
 those float weights), see act_quant.py. Norms, RoPE, attention, router: sdq.kernels.ops.
+qwen35moe's gated delta-net (conv, L2 norm, the recurrent state): sdq.kernels.delta_net.
 Quant types, block sizes and the types the kernels compute with (SUPPORTED_COMPUTE):
 sdq.format.quants; the block sizes the kernels are written for are named in quant.py.
 

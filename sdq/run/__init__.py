@@ -2,7 +2,8 @@
 
     plan.py       the memory plan: every buffer counted before it is allocated -> arena slots
     workspace.py  the activation buffers one forward pass needs, sized for a ubatch
-    engine.py     the forward pass (qwen3moe) on Numba kernels, experts from the pager
+    engine.py     the forward pass (qwen3moe, qwen35moe) on Numba kernels, experts from the pager
+    qwen35_reference.py  qwen35moe's forward pass in plain NumPy (float64), to check the engine
     sampler.py    greedy / temperature / top-k / top-p sampling
     generate.py   prefill in ubatches, decode, per-token timing and figures (DESIGN metrics)
     settings.py   RunSettings: what a run is set to, and the one way flags become it (from_args)
