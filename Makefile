@@ -51,7 +51,7 @@ $(STAMP): pyproject.toml $(wildcard kernels_c/*.c kernels_c/*.h)
 	  CMAKE_ARGS="$(strip $(GGML_ARGS))" $(PY) -m pip wheel --quiet --no-cache-dir --no-deps \
 	    -w $(WHEELS).tmp $(LLAMA_CPP) && mv $(WHEELS).tmp $(WHEELS); }
 	$(PY) -m pip install --quiet --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-*.whl
-	$(PY) -m pip install --quiet -e '.[lab,dev]'
+	$(PY) -m pip install --quiet -e '.[reference,lab,dev]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

@@ -32,6 +32,7 @@ RANKS = {
     "measure": 6,
     "lab": 7,
     "commands": 8,
+    "api": 8.25,  # sdq.api: the Python API, re-exported by the package
     "cli": 9,
     "__main__": 10,
 }

@@ -19,21 +19,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
     p.add_argument("-p", "--prompt", default="", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from this file")
+    p.add_argument(
+        "--system",
+        help="system message: the prompt becomes a chat turn in the model's chat template",
+    )
+    p.add_argument(
+        "-cnv",
+        "--conversation",
+        action="store_true",
+        help="interactive chat in the model's chat template (the prompt, if any, is the first "
+        "turn); the KV cache keeps earlier turns; Ctrl-C stops a reply, /exit or EOF quits",
+    )
     add_run_arguments(p)
     p.add_argument("--profile", action="store_true", help="time per op category (table T11)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
 
 
 def run(args) -> int:
-    from sdq.run.session import open_session
+    from sdq.run.runtime import Model
     from sdq.run.settings import RunSettings
 
     prompt = _prompt(args)
+    if args.conversation and args.json:
+        raise ParamsError("-cnv is interactive: it prints no --json")
     settings = checked_settings(RunSettings.from_args(args))
-    with open_session(settings) as s:
-        prompt_ids = s.tokenizer.encode(prompt)
-        on_text = None if args.json else _printer()
-        g = s.generate(prompt_ids, on_text=on_text)
+    with Model(settings) as m:
+        if args.conversation:
+            return _converse(m, args, prompt)
+        s = m.session
+        if args.system is not None:
+            _no_template_notice(m)
+            events = m.chat(system=args.system).send(prompt, stream=True)
+        else:
+            events = m.generate(prompt, stream=True)
+        for event in events:
+            if not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        g = m.last_generation
         if args.json:
             obj = {
                 "text": g.text,
@@ -82,12 +105,52 @@ def _prompt(args) -> str:
     return text
 
 
-def _printer():
-    def on_text(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+def _no_template_notice(m) -> None:
+    if m.chat_template is None:
+        print(
+            f"sdq chat: {m.settings.model} has no chat template (tokenizer.chat_template): "
+            "messages are fed as raw text",
+            file=sys.stderr,
+        )
 
-    return on_text
+
+def _converse(m, args, first: str) -> int:
+    """The interactive loop: read a turn, stream the reply; Ctrl-C stops the reply (between two
+    tokens), /exit or end of input quits. A turn the model refuses (context full) is reported
+    in one line and the conversation goes on."""
+    import signal
+
+    from sdq.errors import SdqError
+
+    _no_template_notice(m)
+    chat = m.chat(system=args.system)
+    stop = []
+    text = first or None
+    while True:
+        if text is None:
+            try:
+                text = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+        if text.strip() == "/exit":
+            return 0
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+        try:
+            stop.clear()
+            events = chat.send(text, stream=True)
+            for event in events:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+                if stop:
+                    events.close()
+                    break
+        except SdqError as exc:
+            print(f"sdq chat: error: {exc}", file=sys.stderr)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        print(flush=True)
+        text = None
 
 
 FIGURE_ORDER = (

@@ -6,6 +6,7 @@
     quants.py     the one table of quant-type facts (block size, bytes per block), built on
                   gguf's GGML_QUANT_SIZES: the reader, the plan and the kernels use it
     tokenizer.py  the BPE tokenizer from the file's metadata (HF `tokenizers`)
+    chat_template.py  chat messages -> prompt text by the file's Jinja chat template (sandboxed)
 
 May import: sdq.errors, sdq.units, sdq.files, sdq.dirs.
 """

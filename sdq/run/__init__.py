@@ -8,6 +8,8 @@
     generate.py   prefill in ubatches, decode, per-token timing and figures (DESIGN metrics)
     settings.py   RunSettings: what a run is set to, and the one way flags become it (from_args)
     session.py    RunSettings -> a plan, a pager, an engine and a tokenizer, ready to generate
+    runtime.py    Model: a session for programs (sdq.load, sdq serve, chat -cnv): text or chat
+                  messages in, completions or streamed tokens out, conversations on a kept KV cache
 
 May import: sdq.format, sdq.kernels, sdq.paging and the base modules; never sdq.measure,
 sdq.lab or sdq.commands.

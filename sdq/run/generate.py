@@ -69,21 +69,40 @@ class Generation:
 def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=None):
     """Run the prompt then sample up to n_predict tokens. on_text(str) receives the text as it
     is generated (whole UTF-8 characters only)."""
+    steps = generation_steps(engine, tokenizer, prompt_ids, settings)
+    while True:
+        try:
+            _, piece = next(steps)
+        except StopIteration as done:
+            return done.value
+        if piece and on_text:
+            on_text(piece)
+
+
+def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, keep_cache=False):
+    """`generate` as a generator: yields (token id, text piece) for each generated token (a
+    stop token's piece is ""; (None, piece) for text held back until the end) and returns the
+    Generation. Closing it early stops between tokens; the KV cache then holds the prompt and
+    every generated token but the last. With `keep_cache`, `prompt_ids` continue the sequence
+    already in the KV cache instead of starting a new one."""
     prompt_ids = [int(t) for t in prompt_ids]
     n_prompt, n_ctx, n_ub = len(prompt_ids), engine.n_ctx, engine.n_ubatch
     if n_prompt == 0:
         raise SdqError("the prompt is empty (0 tokens)")
+    n_past = engine.n_past if keep_cache else 0
     # the last generated token is never fed back, so the cache holds n_prompt + n - 1 tokens
-    need = n_prompt + max(settings.n_predict, 1) - 1
+    need = n_past + n_prompt + max(settings.n_predict, 1) - 1
     if need > n_ctx:
+        held = f"{n_past} tokens in the KV cache + " if n_past else ""
         raise SdqError(
-            f"context overflow: prompt {n_prompt} tokens + -n {settings.n_predict}"
+            f"context overflow: {held}prompt {n_prompt} tokens + -n {settings.n_predict}"
             f" needs {need} KV positions > context length {n_ctx} (-c)"
         )
     sampler = Sampler(settings.sampler)
     stops = tokenizer.stop_ids if settings.stop_at_eos else frozenset()
     stream = tokenizer.stream()
-    engine.reset()
+    if not keep_cache:
+        engine.reset()
 
     # -- prefill --------------------------------------------------------------------------
     engine.phase = "prefill"
@@ -108,12 +127,12 @@ def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=
     while True:
         generated.append(tok)
         if tok in stops:
+            yield tok, ""
             break
         piece = stream.push(tok)
         if piece:
             texts.append(piece)
-            if on_text:
-                on_text(piece)
+        yield tok, piece
         if len(generated) >= settings.n_predict:
             break
         ts = time.perf_counter()
@@ -124,8 +143,7 @@ def generate(engine, tokenizer, prompt_ids, settings: GenerateSettings, on_text=
     tail = stream.flush()
     if tail:
         texts.append(tail)
-        if on_text:
-            on_text(tail)
+        yield None, tail
     timers2, io2 = engine.timers.snapshot(), _cache_stats(engine.experts)
 
     n_decode = len(token_ms)
