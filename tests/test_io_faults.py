@@ -10,6 +10,7 @@ bookkeeping (double release, acquire after close) is checked in this process.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -370,3 +371,50 @@ def test_replaced_file_is_detected_at_the_next_token(tmp_path):
     with pytest.raises(ReadError, match="m.bin: the model file changed .* replaced"):
         cache.acquire(first, [1])  # a new token checks the path
     cache.close()
+
+
+def test_verify_catches_bytes_that_differ_from_the_file(model):
+    """With verify, an expert whose slot bytes differ from the file's (here: flipped after its
+    read finished, before its first use) is a one-line ReadError naming the segment, and the
+    expert is not kept; untouched experts pass."""
+    io = IOSettings(threads=2, verify=True)
+    cache = ExpertCache(model, plan_for_slots(model, 4), io)
+    layer = model.experts.layers[1]
+    h = cache.acquire(layer, [2, 4])
+    for read in h.pending:
+        read[0].wait_all()
+    off = cache.layout.view_offset(int(model.experts.offsets[1, 4, 2]), 2)
+    cache.arena.slot(h.slots[1])[off + 5] ^= 0xFF  # a byte of expert 4's down
+    h.wait(0)
+    with pytest.raises(ReadError, match=r"checksum mismatch for layer 2 expert 4 down at offset"):
+        h.wait(1)
+    cache.release(h)
+    assert cache.cached(layer) == [2] and cache.stats["read_errors"] == 1
+    h = cache.acquire(layer, [4])  # read again, and right this time
+    h.wait(0)
+    cache.release(h)
+    cache.close()
+
+
+def test_chat_verify_checks_every_expert_read(tiny_model, capsys, monkeypatch):
+    """`sdq chat --verify` checks expert bytes (and generates what it does without)."""
+    from sdq.cli import main
+    from sdq.paging.checksums import ExpertChecksums
+
+    checked = [0]
+    original = ExpertChecksums.check
+
+    def counting(self, row, expert, views):
+        checked[0] += 1
+        return original(self, row, expert, views)
+
+    monkeypatch.setattr(ExpertChecksums, "check", counting)
+    args = ["chat", "-m", str(tiny_model), "-p", "hello", "-n", "6", "--temp", "0", "--json"]
+    args += ["-c", "128", "-b", "16", "--ram-budget-mb", "4000", "--max-slots", "12"]
+    runs = []
+    for flags in ([], ["--verify"]):
+        assert main(args + flags) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+        assert (checked[0] > 0) == bool(flags)
+    assert runs[0]["generated_ids"] == runs[1]["generated_ids"]
+    assert runs[1]["settings"]["verify"] and not runs[0]["settings"]["verify"]

@@ -105,6 +105,14 @@ RUN_FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         {"action": "store_true", "help": "copy every expert into RAM (no pager, no budget)"},
     ),
     "route_log": (("--route-log",), {"help": "write each token's experts per layer (JSON lines)"}),
+    "verify": (
+        ("--verify",),
+        {
+            "action": "store_true",
+            "help": "check every expert read against a checksum of the file's bytes (xxh3, "
+            "computed once per expert); a mismatch stops the run",
+        },
+    ),
 }
 
 

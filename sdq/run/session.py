@@ -76,7 +76,13 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
     )
     if s.max_slots is not None and plan.slots > s.max_slots:
         plan = dataclasses.replace(plan, slots=s.max_slots)
-    io = IOSettings(threads=io_threads, mode=s.io_mode, split=s.io_split, cache_mode=s.cache_mode)
+    io = IOSettings(
+        threads=io_threads,
+        mode=s.io_mode,
+        split=s.io_split,
+        cache_mode=s.cache_mode,
+        verify=s.verify,
+    )
     return PagedSetup(plan, cache, io, prefetch)
 
 

@@ -38,6 +38,7 @@ class RunSettings:
     # token uses (paged runs only)
     prefetch_next: int | None = None
     route_log: str | None = None
+    verify: bool = False  # every expert read checked against a checksum (sdq.paging.checksums)
     io_profile: str | None = None  # the I/O profile whose settings were applied (its path)
 
     @classmethod
