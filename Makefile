@@ -30,7 +30,7 @@ WHEELS     := $(HOME)/.cache/sdq/wheels/$(shell echo '$(LLAMA_CPP) $(GGML_ARGS)'
 # $SDQ_LLAMA_CPP_SDIST names a local copy of that tarball.
 VOCAB_TESTS := $(or $(SDQ_CACHE_DIR),$(HOME)/.cache/sdq)/vocab-tests/$(lastword $(subst ==, ,$(LLAMA_CPP)))
 
-.PHONY: setup browser kernel-cache test reproduce docs lab lint format clean
+.PHONY: setup browser kernel-cache test mutation reproduce docs lab lint format clean
 
 # fio, the reference `sdq probe --fio` (notebook 01) runs beside sdq: installed when missing.
 setup: $(STAMP) browser $(VOCAB_TESTS)/.complete
@@ -72,6 +72,15 @@ kernel-cache: setup
 
 test: kernel-cache
 	$(PY) -m pytest -q
+
+# Mutation testing (not part of `make test`): mutmut mutates the pager cache, the cache policies,
+# the memory plan and the sampler ([tool.mutmut] in pyproject.toml names them and the fast tests
+# each mutant runs against), one worker at low priority; tests/mutation/report.py writes the
+# scores and every survivor with its classification (tests/mutation/equivalent.toml) to
+# tests/mutation/REPORT.md. MUTANTS="sdq.run.sampler*" runs a subset.
+mutation: kernel-cache
+	nice -n 10 $(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
+	$(PY) tests/mutation/report.py
 
 # Run every notebook with params/$(PARAMS).yaml into outputs/<notebook>/$(PARAMS)/, then docs/.
 # ONLY=00_model_anatomy runs just that notebook.

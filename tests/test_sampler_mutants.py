@@ -127,3 +127,12 @@ def test_large_logits_sample_finite():
     z = np.array([2000.0, 1999.0, 0.0], dtype=np.float32)  # [V]
     s = Sampler(SamplerSettings(temp=1.0, top_k=0, top_p=1.0, seed=0))
     assert {s(z) for _ in range(200)} == {0, 1}
+
+
+def test_ties_keep_the_lower_id_first_in_a_long_vocabulary():
+    """All-token ordering (top-k off) is a stable sort: equal logits in id order, also past the
+    16 elements below which NumPy's default sort happens to be stable too."""
+    z = np.repeat(np.array([1.0, 3.0, 2.0], dtype=np.float32), 400)  # [V] 1200 logits, 3 values
+    want = list(range(400, 800)) + list(range(800, 1200)) + list(range(400))
+    assert _top_k_ids(z, 0).tolist() == want
+    assert _top_k_ids(z, 1200).tolist() == want
