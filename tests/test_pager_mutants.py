@@ -209,3 +209,23 @@ def test_slot_needs_per_policy():
     assert (split.policy, split.cache, split.streaming) == ("lrfu_bypass", 7, 3)
     lru = split_slots("lru", 10, 4, 2, 1)
     assert (lru.policy, lru.cache, lru.streaming) == ("lru", 10, 0)
+
+
+@pytest.mark.parametrize("policy", ["lru", "layer_lrfu"])
+def test_an_expert_requested_later_in_the_same_acquire_is_not_evicted(model, policy):
+    """Two slots: one pinned by an open handle, the other holds an expert this acquire requests
+    after a miss. The miss may evict neither, so the acquire fails as 'all pinned', and rolls
+    back: the open handle's expert and the requested one stay cached."""
+    layer = model.experts.layers[1]
+    with _cache(model, 2, policy=policy) as cache:
+        cache.release(cache.acquire(layer, [4]))
+        held = cache.acquire(layer, [3])
+        with pytest.raises(PlanError, match="pinned or loading"):
+            cache.acquire(layer, [6, 4])
+        assert cache.cached(layer) == [3, 4]
+        cache.release(held)
+        h = cache.acquire(layer, [6, 4])  # now 3 can go
+        assert h.hits == (False, True)
+        _check(model, h)
+        cache.release(h)
+        assert cache.cached(layer) == [4, 6]
