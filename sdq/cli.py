@@ -21,8 +21,10 @@ COMMANDS = {
     "synth": "build a synthetic qwen3moe GGUF model (tiny, mini or custom)",
     "plan": "print the memory plan for a RAM budget: dense, KV, compute, reserve, arena slots",
     "chat": "generate text with experts paged from disk under a RAM budget",
+    "serve": "serve the model over an OpenAI-compatible HTTP API (one request at a time)",
     "bench": "benchmarks: layer-miss, resident, peers",
     "probe": "measure the storage device: latency and bandwidth vs concurrency (table T1)",
+    "device": "storage device models: fit one to a published table, show its predictions",
     "routes": "routing traces: cache simulations and statistics",
     "experiments": "experiment suites (subprocess per configuration, repeats, medians)",
 }
@@ -95,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except MemoryError as exc:  # a size the memory plan does not bound (--resident, say)
-        print(f"sdq {args.command}: error: out of memory: {_where(exc)}", file=sys.stderr)
-        return 2
+    except MemoryError as exc:  # a size no plan bounds (--resident), or a limit set outside
+        print(f"sdq {args.command}: out of memory: {_where(exc)}", file=sys.stderr)
+        return 1
     except BaseException as exc:  # a bug, not a user mistake: still one line, exit code 1
         # (pyo3's PanicException, raised by `tokenizers`, derives from BaseException)
         if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":

@@ -105,13 +105,11 @@ def _settings(args, kind: str):
 
     section = {}
     if args.params:
-        import yaml
+        from sdq.lab.params import read_yaml
 
-        try:
-            with open(args.params, encoding="utf-8") as f:
-                doc = yaml.safe_load(f) or {}
-        except OSError as exc:
-            raise ParamsError(f"--params {args.params}: cannot read ({exc.strerror})") from None
+        doc = read_yaml(args.params, f"--params {args.params}") or {}
+        if not isinstance(doc, dict):
+            raise ParamsError(f"--params {args.params}: expected a mapping of sections")
         section = doc.get(SECTIONS[kind]) or {}
         if not isinstance(section, dict):
             raise ParamsError(f"{args.params}: section {SECTIONS[kind]} must be a mapping")

@@ -65,7 +65,6 @@ def available(root: Path | None = None) -> list[str]:
 
 def load_params(name: str | Path, root: Path | None = None) -> Params:
     """Load and check params/<name>.yaml (or a path to a .yaml file)."""
-    import yaml
 
     root = root or repo_root()
     path = Path(name) if str(name).endswith((".yaml", ".yml")) else root / "params" / f"{name}.yaml"
@@ -73,12 +72,7 @@ def load_params(name: str | Path, root: Path | None = None) -> Params:
     if not path.is_file():
         known = ", ".join(available(root)) or "none"
         raise ParamsError(f"{shown}: no such parameter set (known: {known})")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise ParamsError(f"{shown}: not valid YAML{line}") from None
+    data = read_yaml(path, shown)
     if not isinstance(data, dict):
         raise ParamsError(f"{shown}: must be a mapping with a `model:` section")
 
@@ -101,6 +95,35 @@ def load_params(name: str | Path, root: Path | None = None) -> Params:
             raise ParamsError(f"{shown}: unknown notebook stem '{key}' (notebooks/: {known})")
         sections[key] = _section(value, read_notebook(notebooks[key]), shown)
     return Params(name=path.stem, path=path, model=model, notebooks=sections)
+
+
+MAX_YAML_BYTES = 2**20  # a parameter set is a few KB
+
+
+def read_yaml(path: str | Path, shown: str | None = None) -> Any:
+    """The document in the YAML file `path` (plain data: yaml.safe_load), or a one-line
+    ParamsError naming the file (`shown`) and what is wrong: unreadable, too large, not UTF-8,
+    not YAML (with the line), nested too deep."""
+    import yaml
+
+    shown = shown or str(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)  # not all of /dev/zero
+    except OSError as exc:
+        raise ParamsError(f"{shown}: cannot read ({exc.strerror})") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ParamsError(f"{shown}: larger than {MAX_YAML_BYTES} bytes")
+    try:
+        return yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ParamsError(f"{shown}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise ParamsError(f"{shown}: not valid YAML{line}") from None
+    except RecursionError:
+        raise ParamsError(f"{shown}: nested too deep") from None
 
 
 def _model(value: Any, shown: str) -> ModelParams:

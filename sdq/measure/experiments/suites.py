@@ -136,6 +136,13 @@ class Settings:
             if isinstance(default, tuple):
                 if not isinstance(v, list | tuple):
                     raise ParamsError(f"experiment settings: {k} must be a list, got {v!r}")
+                item = type(default[0]) if default else int | float | str
+                if item is float:
+                    item = int | float
+                if not all(isinstance(x, item) and not isinstance(x, bool) for x in v):
+                    raise ParamsError(
+                        f"experiment settings: {k} must be a list like {list(default)}, got {v!r}"
+                    )
                 v = tuple(v)
             elif isinstance(default, float) and isinstance(v, int) and not isinstance(v, bool):
                 v = float(v)
