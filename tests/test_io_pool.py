@@ -240,6 +240,12 @@ def test_settings_are_validated():
         IOSettings(cache_mode="tmpfs")
     assert IOSettings(mode="split", split=99).split == 8
     assert IOSettings(mode="split", split=0).split == 1
+    with pytest.raises(ParamsError, match="read timeout"):
+        IOSettings(timeout_s=0)
+    with pytest.raises(ValueError, match="timeout must be"):
+        _io.Pool(1, timeout=-1.0)
+    with _io.Pool(1, timeout=2.5) as pool:
+        assert pool.timeout == 2.5
 
 
 def test_truncated_after_open_is_a_read_error(tmp_path):
