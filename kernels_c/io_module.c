@@ -447,6 +447,29 @@ static PyObject *Pool_submit(PoolObject *self, PyObject *args, PyObject *kwds) {
     return (PyObject *)obj;
 }
 
+static PyObject *Pool_emulate(PoolObject *self, PyObject *args) {
+    long long latency_ns;
+    double stream_bps, aggregate_bps;
+    int depth;
+    if (!PyArg_ParseTuple(args, "Lddi", &latency_ns, &stream_bps, &aggregate_bps, &depth))
+        return NULL;
+    if (pool_open(self)) return NULL;
+    if (sdq_pool_emulate(self->pool, (int64_t)latency_ns, stream_bps, aggregate_bps, depth)) {
+        PyErr_Format(PyExc_ValueError,
+                     "emulate: depth must be 0..%d, latency >= 0 and bandwidths > 0",
+                     SDQ_MAX_THREADS);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_emulated(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (pool_open(self)) return NULL;
+    int64_t reads, late;
+    sdq_pool_emulated(self->pool, &reads, &late);
+    return Py_BuildValue("LL", (long long)reads, (long long)late);
+}
+
 static PyObject *Pool_enter(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
     Py_INCREF(self);
     return (PyObject *)self;
@@ -462,6 +485,12 @@ static PyMethodDef Pool_methods[] = {
      "submit(reads, flags=0, keepalive=None) -> Batch; returns at once"},
     {"close", (PyCFunction)Pool_close, METH_NOARGS,
      "close(): stop the workers; queued reads are canceled"},
+    {"emulate", (PyCFunction)Pool_emulate, METH_VARARGS,
+     "emulate(latency_ns, stream_bps, aggregate_bps, depth): hold each read until a device of "
+     "that model would have finished it (depth 0: off; sdq/paging/device_model.py)"},
+    {"emulated", (PyCFunction)Pool_emulated, METH_NOARGS,
+     "emulated() -> (reads, late): reads run under emulation, and those whose bytes arrived "
+     "after their emulated finish"},
     {"__enter__", (PyCFunction)Pool_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Pool_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

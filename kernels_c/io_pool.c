@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +31,13 @@ struct sdq_pool {
     int target, running, stop;
     pthread_t threads[SDQ_MAX_THREADS];
     worker_arg args[SDQ_MAX_THREADS];
+    /* device emulation (sdq_pool_emulate): the virtual device's places, under emu_mu */
+    pthread_mutex_t emu_mu;
+    int emu_depth; /* 0: off */
+    int64_t emu_latency_ns;
+    double emu_stream_bps, emu_aggregate_bps;
+    int64_t emu_free_ns[SDQ_MAX_THREADS]; /* when each place frees */
+    int64_t emu_reads, emu_late;
 };
 
 int64_t sdq_now_ns(void) {
@@ -80,10 +88,85 @@ static void finish_task(sdq_task *t) {
     pthread_mutex_unlock(&b->mu);
 }
 
-static void run_task(sdq_task *t) {
+/* The emulated finish of a read of `length` bytes starting at now_ns; 0 when emulation is off. */
+static int64_t emu_reserve(sdq_pool *pool, int64_t now_ns, int64_t length) {
+    pthread_mutex_lock(&pool->emu_mu);
+    int depth = pool->emu_depth;
+    int64_t finish = 0;
+    if (depth > 0) {
+        int first = 0;
+        for (int i = 1; i < depth; i++)
+            if (pool->emu_free_ns[i] < pool->emu_free_ns[first]) first = i;
+        int64_t begin = pool->emu_free_ns[first] > now_ns ? pool->emu_free_ns[first] : now_ns;
+        int n = 1;
+        for (int i = 0; i < depth; i++)
+            if (i != first && pool->emu_free_ns[i] > begin) n++;
+        double rate = pool->emu_aggregate_bps / n;
+        if (pool->emu_stream_bps < rate) rate = pool->emu_stream_bps;
+        finish = begin + pool->emu_latency_ns + (int64_t)((double)length / rate * 1e9);
+        pool->emu_free_ns[first] = finish;
+        pool->emu_reads++;
+    }
+    pthread_mutex_unlock(&pool->emu_mu);
+    return finish;
+}
+
+#define EMU_SPIN_NS 100000
+
+/* Holds a finished read until its emulated finish; counts it late if it is already past. */
+static void emu_hold(sdq_pool *pool, sdq_read *r, int64_t finish_ns) {
+    if (r->end_ns > finish_ns) {
+        pthread_mutex_lock(&pool->emu_mu);
+        pool->emu_late++;
+        pthread_mutex_unlock(&pool->emu_mu);
+        return;
+    }
+    /* sleep to EMU_SPIN_NS before the finish, then yield until it: a sleeping thread wakes
+     * tens of microseconds late, which would add ~10% to a 0.6 ms read */
+    int64_t wake = finish_ns - EMU_SPIN_NS;
+    struct timespec ts = {(time_t)(wake / 1000000000LL), (long)(wake % 1000000000LL)};
+    if (wake > r->end_ns)
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+        }
+    while (sdq_now_ns() < finish_ns) sched_yield();
+    r->end_ns = sdq_now_ns();
+}
+
+static void run_task(sdq_pool *pool, sdq_task *t) {
     sdq_batch *b = t->batch;
-    for (int32_t i = t->first; i < t->first + t->count; i++) sdq_run_read(&b->reads[i], b->flags);
+    for (int32_t i = t->first; i < t->first + t->count; i++) {
+        sdq_read *r = &b->reads[i];
+        int64_t start = sdq_now_ns();
+        int64_t finish = emu_reserve(pool, start, r->length);
+        sdq_run_read(r, b->flags);
+        if (finish > 0) {
+            r->start_ns = start;
+            if (r->kind == SDQ_OK) emu_hold(pool, r, finish);
+        }
+    }
     finish_task(t);
+}
+
+int sdq_pool_emulate(sdq_pool *pool, int64_t latency_ns, double stream_bps, double aggregate_bps,
+                     int depth) {
+    if (depth < 0 || depth > SDQ_MAX_THREADS || latency_ns < 0) return EINVAL;
+    if (depth > 0 && !(stream_bps > 0 && aggregate_bps > 0)) return EINVAL;
+    pthread_mutex_lock(&pool->emu_mu);
+    pool->emu_depth = depth;
+    pool->emu_latency_ns = latency_ns;
+    pool->emu_stream_bps = stream_bps;
+    pool->emu_aggregate_bps = aggregate_bps;
+    for (int i = 0; i < SDQ_MAX_THREADS; i++) pool->emu_free_ns[i] = 0;
+    pool->emu_reads = pool->emu_late = 0;
+    pthread_mutex_unlock(&pool->emu_mu);
+    return 0;
+}
+
+void sdq_pool_emulated(sdq_pool *pool, int64_t *reads, int64_t *late) {
+    pthread_mutex_lock(&pool->emu_mu);
+    *reads = pool->emu_reads;
+    *late = pool->emu_late;
+    pthread_mutex_unlock(&pool->emu_mu);
 }
 
 static void *worker_main(void *p) {
@@ -98,7 +181,7 @@ static void *worker_main(void *p) {
         pool->head = t->next;
         if (pool->head == NULL) pool->tail = NULL;
         pthread_mutex_unlock(&pool->mu);
-        run_task(t);
+        run_task(pool, t);
         pthread_mutex_lock(&pool->mu);
     }
     pthread_mutex_unlock(&pool->mu);
@@ -113,6 +196,7 @@ int sdq_pool_create(sdq_pool **out, int threads) {
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
     pthread_mutex_init(&pool->resize, NULL);
+    pthread_mutex_init(&pool->emu_mu, NULL);
     int err = sdq_pool_set_threads(pool, threads);
     if (err) {
         sdq_pool_destroy(pool);
@@ -217,6 +301,7 @@ int sdq_pool_destroy_until(sdq_pool *pool, int64_t deadline_ns) {
     pthread_mutex_unlock(&pool->resize);
     if (late) return ETIMEDOUT; /* a detached worker still uses the pool: it stays allocated */
     pthread_mutex_destroy(&pool->resize);
+    pthread_mutex_destroy(&pool->emu_mu);
     pthread_cond_destroy(&pool->cv);
     pthread_mutex_destroy(&pool->mu);
     free(pool);

@@ -94,6 +94,18 @@ int sdq_batch_group_done(sdq_batch *b, int32_t group);
 int sdq_batch_all_done(sdq_batch *b);
 void sdq_batch_free(sdq_batch *b); /* waits for every read first */
 
+/* Device emulation (sdq/paging/device_model.py states the rule). With depth > 0, every read
+ * the pool runs still moves its bytes, then its completion is held until a virtual device of
+ * `depth` places would have finished it: it takes the place that frees first, begins at
+ * max(its start, that time), counts the places busy then (n, itself included) and ends at
+ * begin + latency_ns + length / min(stream_bps, aggregate_bps / n). depth 0 turns it off.
+ * EINVAL for a depth above SDQ_MAX_THREADS or a bandwidth <= 0. */
+int sdq_pool_emulate(sdq_pool *pool, int64_t latency_ns, double stream_bps, double aggregate_bps,
+                     int depth);
+/* Reads run under emulation since it was set, and those whose real bytes arrived after the
+ * emulated finish (the source was slower than the model: the hold could not be honoured). */
+void sdq_pool_emulated(sdq_pool *pool, int64_t *reads, int64_t *late);
+
 int64_t sdq_now_ns(void);
 /* Runs one read in the calling thread (used by the pool's workers and by pread_into). */
 void sdq_run_read(sdq_read *r, int flags);

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from sdq.commands import finite_float
@@ -103,6 +104,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-layers", type=int, default=9, help="decode layers per engine run (default 9)"
     )
+    parser.add_argument(
+        "--device-model",
+        type=Path,
+        metavar="PATH",
+        help="replay the reads against this device model (sdq device, data/devices/): bytes "
+        "from the page cache, each read held until the modelled device would finish it; "
+        "everything is labelled 'emulated: NAME'",
+    )
+    parser.add_argument(
+        "--fit-out",
+        type=Path,
+        metavar="PATH",
+        help="fit a device model to the measured levels and 4 KiB reads and write it to PATH",
+    )
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument(
         "--profile-out",
@@ -137,12 +152,12 @@ def profile_destination(args, settings) -> Path | None:
     return path
 
 
-def _check_out_dir(path: Path) -> None:
+def _check_out_dir(path: Path, flag: str = "--profile-out") -> None:
     parent = path.resolve().parent
     if not parent.is_dir():
-        raise ParamsError(f"--profile-out {path}: directory {parent} does not exist")
+        raise ParamsError(f"{flag} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ParamsError(f"--profile-out {path}: directory {parent} is not writable")
+        raise ParamsError(f"{flag} {path}: directory {parent} is not writable")
 
 
 def settings_from_args(args):
@@ -161,6 +176,12 @@ def settings_from_args(args):
         fio=args.fio,
         fio_seconds=args.fio_seconds,
     )
+    if args.device_model is not None:
+        if args.cache_mode not in ("direct", "pagecache"):  # direct: the default
+            raise ParamsError(
+                "--device-model reads from the page cache: --cache-mode does not apply"
+            )
+        fields.update(device_model=args.device_model, cache_mode="pagecache")
     if args.size is not None:
         fields.update(size=args.size, size_source="--size")
     if args.split_batch is not None:
@@ -182,6 +203,11 @@ def format_report(result, rec) -> str:
     src = "scratch file (removed)" if result.scratch else s["path"]
     lines = [
         f"file: {src}; {result.storage_label}",
+        *(
+            [f"{result.emulated}: every read held until the modelled device would finish it"]
+            if result.emulated
+            else []
+        ),
         f"cache mode: {result.cache_mode}; reads issued by {result.reader}, "
         f"{result.arena_huge_share:.0%} of it on huge pages",
         f"read size: {s['size']} B ({s['size_source']}); {s['reads']} reads per level, "
@@ -226,7 +252,13 @@ def format_report(result, rec) -> str:
             f"{r.mb_s:>8.0f}"
         )
     cached = max(r.cached for r in result.levels + result.small + result.split)
-    if result.cache_mode == "direct":
+    if result.emulated:
+        e = result.emulation
+        verdict = (
+            f" (the emulation's source, {e['source_mb_s']:.0f} MB/s one stream; "
+            f"{e['late_reads']} of {e['reads']} reads arrived after their emulated end)"
+        )
+    elif result.cache_mode == "direct":
         verdict = " (O_DIRECT reads bypass it)"
     elif cached < 0.01:
         verdict = ""
@@ -302,6 +334,13 @@ def run(args) -> int:
         raise ParamsError("--engine reads a model's experts: give --model")
     if args.engine_layers < 1:
         raise ParamsError(f"--engine-layers must be >= 1, got {args.engine_layers}")
+    if args.device_model is not None and args.profile_out == SAVED:
+        raise ParamsError(
+            "--profile-out without PATH saves this device's profile; under --device-model give "
+            "a PATH"
+        )
+    if args.fit_out is not None:
+        _check_out_dir(args.fit_out, "--fit-out")
     profile_out = profile_destination(args, settings)
 
     def progress(msg: str) -> None:
@@ -319,6 +358,7 @@ def run(args) -> int:
                             split_threads=settings.split_threads,
                             progress=progress)  # fmt: skip
     rec = recommend(result, eng)
+    fitted = fit_out(args, result)
     if profile_out is not None:
         write_io_profile(profile_out, profile_from(result, eng))
     if args.json:
@@ -327,6 +367,9 @@ def run(args) -> int:
             out["engine"] = engine_dict(eng)
         if profile_out is not None:
             out["profile_out"] = str(profile_out)
+        if fitted is not None:
+            out["fit_out"] = str(args.fit_out)
+            out["fitted_model"] = asdict(fitted)
         print(json.dumps(out, indent=2))
     else:
         print(format_report(result, rec))
@@ -334,4 +377,26 @@ def run(args) -> int:
             print(format_engine(eng))
         if profile_out is not None:
             print(f"I/O profile written to {profile_out}")
+        if fitted is not None:
+            from sdq.commands.device import format_fit
+
+            print(format_fit(fitted))
+            print(f"device model written to {args.fit_out}")
     return 0
+
+
+def fit_out(args, result):
+    """The device model fitted to the probe (None without --fit-out), written to --fit-out."""
+    if args.fit_out is None:
+        return None
+    from sdq.paging import device_model
+
+    _check_out_dir(args.fit_out, "--fit-out")
+    name = args.fit_out.stem
+    what = result.storage_label
+    source = f"sdq probe, cache mode {result.cache_mode}, {what}"
+    model = device_model.fit(
+        device_model.cells_from_probe(result.levels, result.small), name=name, source=source
+    )
+    device_model.save(model, args.fit_out)
+    return model

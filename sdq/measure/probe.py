@@ -171,6 +171,9 @@ class ProbeSettings:
     seed: int = 0
     fio: bool = False  # also run each level cell with fio (when installed), interleaved
     fio_seconds: float = DEFAULT_RUNTIME_S  # each fio run reads this long; 0: `reads` reads
+    # replay the reads against this device model (sdq.paging.device_model); the bytes come
+    # from the page cache (cache_mode "pagecache"), warmed first
+    device_model: Path | None = None
 
     def validate(self) -> None:
         def positive(name, value):
@@ -195,7 +198,13 @@ class ProbeSettings:
             positive("--split-threads", self.split_threads)
         if self.small_reads is not None:
             positive("small reads", self.small_reads)
-        if self.cache_mode not in COLD_CACHE_MODES:
+        if self.device_model is not None:
+            if self.cache_mode != "pagecache":
+                raise ParamsError(
+                    "--device-model reads from the page cache (the emulated device's source): "
+                    f"--cache-mode {self.cache_mode} does not apply"
+                )
+        elif self.cache_mode not in COLD_CACHE_MODES:
             raise ParamsError(
                 f"--cache-mode must be one of {', '.join(COLD_CACHE_MODES)}, "
                 f"got {self.cache_mode!r}"
@@ -398,7 +407,10 @@ class PoolReader:
         from sdq import _io
 
         self.fd = fd
-        self._flags = {"direct": _io.FLAG_DIRECT, "dontneed": _io.FLAG_DONTNEED}[cache_mode]
+        self._flags = {"direct": _io.FLAG_DIRECT, "dontneed": _io.FLAG_DONTNEED, "pagecache": 0}[
+            cache_mode
+        ]
+        self.keep_warm = False  # under emulation the page cache is the source
         self.stride = _round_up(max_len, PAGE)
         self.arena, self.first = inner_arena(max_threads, self.stride)
         self.arena.buf[::PAGE] = 1  # fault every page in now, not during a timed read
@@ -414,6 +426,21 @@ class PoolReader:
         if not 1 <= n <= self.max_threads:
             raise ValueError(f"{n} threads: this reader has slots for 1..{self.max_threads}")
         self._pool.threads = n
+
+    def emulate(self, model) -> None:
+        """Hold every read until `model` (a DeviceModel) would have finished it."""
+        self._pool.emulate(*model.c_params())
+        self.keep_warm = True
+
+    def emulated(self) -> tuple[int, int]:
+        """(reads run under emulation, reads whose bytes arrived after their emulated end)."""
+        return self._pool.emulated()
+
+    def drop_cache(self) -> None:
+        """Start a run cold: the file out of the page cache (kept warm under emulation, where
+        the page cache is the source)."""
+        if not self.keep_warm:
+            _drop_cache(self.fd)
 
     def read_batch(self, offsets: np.ndarray, lengths: np.ndarray, groups=None):
         """(submit_ns, start_ns [R], end_ns [R]) of reads of `lengths` at `offsets`, all at once."""
@@ -478,7 +505,7 @@ def _level(reader, file_bytes, *, size, threads, reads, cache_mode, rng, repeat)
     for _ in range(repeat):
         offsets = _random_offsets(rng, file_bytes, length, reads)  # [R]
         lengths = np.full(reads, length, np.int64)  # [R]
-        _drop_cache(reader.fd)
+        reader.drop_cache()
         cached = _cached_share(reader.fd, offsets, length)
         _, start, end = reader.read_batch(offsets, lengths)
         wall = int(end.max() - start.min())
@@ -518,7 +545,7 @@ def _split_cell(
             offsets = np.array([s + o for s in seg for o, _ in chunks], np.int64)  # [B*S]
             lengths = np.array([n for _ in seg for _, n in chunks], np.int64)  # [B*S]
             groups = np.repeat(np.arange(batch), len(chunks))  # [B*S]: segment of each chunk
-            _drop_cache(fd)
+            reader.drop_cache()
             cached.append(_cached_share(fd, seg, length))
             submit, start, end = reader.read_batch(offsets, lengths, groups)
             per_seg = end.reshape(batch, len(chunks)).max(axis=1)  # [B]
@@ -668,6 +695,9 @@ class ProbeResult:
     # 1-minute load average before and after, and the CPUs: how busy the machine was
     load: tuple[float, float] = (0.0, 0.0)
     cpus: int = 0
+    # under --device-model: "emulated: <name>", and the model, its source's speed, late reads
+    emulated: str = ""
+    emulation: dict = field(default_factory=dict)
 
     def conditions(self) -> str:
         return (
@@ -801,9 +831,63 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
     reader = PoolReader(fd, top, _read_len(settings.size, settings.cache_mode), settings.cache_mode)
     result.arena_huge_share = huge_share(reader.arena)
     try:
+        if settings.device_model is not None:
+            _start_emulation(result, settings, reader, file_bytes, rng, say)
         _sweep_cells(result, settings, path, reader, file_bytes, rng, say)
+        if settings.device_model is not None:
+            reads, late = reader.emulated()
+            result.emulation |= {"reads": reads, "late_reads": late}
     finally:
         reader.close()
+
+
+SOURCE_READS = 16
+
+
+def _start_emulation(result, settings, reader, file_bytes, rng, say) -> None:
+    """Warm the file into the page cache, time it as the source (one stream, `size`-byte
+    reads), refuse a model faster than that, and start the emulation."""
+    from sdq.paging import device_model
+
+    model = device_model.load(settings.device_model)
+    say(f"warming {file_bytes / MIB:.0f} MiB into the page cache (the emulated device's source)")
+    warm_file(reader.fd, file_bytes)
+    reader.keep_warm = True
+    reader.threads = 1
+    runs = _level(reader, file_bytes, size=settings.size, threads=1, reads=SOURCE_READS,
+                  cache_mode="pagecache", rng=rng, repeat=1)  # fmt: skip
+    source = summarize(runs, threads=1, size=settings.size)
+    check_source(model, source.mb_s, source.cached)
+    reader.emulate(model)
+    result.emulated = model.label
+    result.emulation = {
+        "model": {k: v for k, v in asdict(model).items() if k != "fit"},
+        "source": "page cache (warmed)",
+        "source_mb_s": source.mb_s,
+        "source_cached": source.cached,
+    }
+
+
+def warm_file(fd: int, file_bytes: int, chunk: int = 8 * MIB) -> None:
+    """Read the whole file once so that its pages are in the page cache."""
+    for off in range(0, file_bytes, chunk):
+        os.pread(fd, chunk, off)
+
+
+def check_source(model, source_mb_s: float, cached: float) -> None:
+    """ParamsError unless the source (the warm page cache) is faster than the model's single
+    stream: emulation can only slow reads down."""
+    if cached < 0.99:
+        raise ParamsError(
+            f"device model {model.name}: only {cached:.0%} of the file stayed in the page cache; "
+            "emulation needs a source that fits in RAM (a smaller --scratch-size or --file)"
+        )
+    if model.stream_mb_s >= source_mb_s:
+        raise ParamsError(
+            f"device model {model.name}: one stream at {model.stream_mb_s:g} MB/s is not slower "
+            f"than the source here ({source_mb_s:.0f} MB/s from the page cache): emulation "
+            "can only slow reads down"
+        )
 
 
 def _sweep_cells(result, settings, path, reader, file_bytes, rng, say) -> None:
@@ -919,7 +1003,12 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
                 f"--size {settings.size} B, rounded up to {_read_len(settings.size, 'direct')} B "
                 f"for O_DIRECT, is larger than {path} ({file_bytes} B)"
             )
-        storage = storage_of(path)
+        if settings.device_model is not None:
+            from sdq.measure.device import describe_storage
+
+            storage = describe_storage(path)  # only the source: the device is the model
+        else:
+            storage = storage_of(path)
         fd = _open_for(path, settings.cache_mode)
         stack.callback(os.close, fd)
         rng = np.random.default_rng(settings.seed)
@@ -934,6 +1023,8 @@ def run_probe(settings: ProbeSettings, progress=None) -> ProbeResult:
         load_before = os.getloadavg()[0]
         with _signals_raise():
             _sweep(result, settings, path, fd, file_bytes, rng, say)
+        if result.emulated:
+            result.storage_label = f"{result.emulated} (source: {result.storage_label})"
         result.load, result.cpus = (load_before, os.getloadavg()[0]), os.cpu_count() or 0
     result.seconds = time.perf_counter() - t0
     return result
@@ -956,7 +1047,7 @@ def target_file(
 
 def _settings_dict(settings: ProbeSettings) -> dict:
     d = asdict(settings)
-    for k in ("path", "scratch_dir"):
+    for k in ("path", "scratch_dir", "device_model"):
         d[k] = None if d[k] is None else str(d[k])
     return d
 
