@@ -90,17 +90,22 @@ class Model:
 
     def encode_prompt(self, prompt) -> list[int]:
         """Token ids for `prompt`: text (control tokens written in it parsed, BOS per the
-        file) or a list of chat messages."""
+        file), a list of chat messages, or a list of token ids (taken as they are)."""
         from sdq.format.chat_template import prompt_ids
 
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list | tuple) and prompt and all(type(t) is int for t in prompt):
+            n_vocab = self.tokenizer.n_vocab
+            if not all(0 <= t < n_vocab for t in prompt):
+                raise ParamsError(f"a prompt token id is outside 0..{n_vocab - 1}")
+            return list(prompt)
         return prompt_ids(self.tokenizer, self.prompt_text(prompt))
 
     def generate(self, prompt, n: int | None = None, *, stream: bool = False, **sampling):
-        """Generate up to `n` tokens (default: the settings' n_predict) after `prompt` (text or
-        chat messages), from an empty KV cache. `sampling`: temp, top_k, top_p, seed for this
-        call. stream=False: a Completion; stream=True: an iterator of TokenEvent."""
+        """Generate up to `n` tokens (default: the settings' n_predict) after `prompt` (text,
+        chat messages or token ids), from an empty KV cache. `sampling`: temp, top_k, top_p,
+        seed for this call. stream=False: a Completion; stream=True: an iterator of TokenEvent."""
         ids = self.encode_prompt(prompt)
         events = self._run(ids, n, sampling, keep_cache=False, owner=None, fed_text="")
         return events if stream else self._complete(ids, events)
