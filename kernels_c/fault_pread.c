@@ -16,6 +16,7 @@
  *   closefd   close the descriptor, then read (EBADF)
  *
  *   at=OFFSET   only calls whose range [offset, offset + count) holds this file offset
+ *   to=END      with at: only calls whose range overlaps [at, END) instead
  *   fd=N        only calls on this descriptor
  *   nth=N       fire from the N-th matching call on (1-based; default 1)
  *   times=N     fire N times (default 1; 0: every matching call from nth on)
@@ -43,7 +44,7 @@ enum { EIO_, EINTR_, PARTIAL, SHORT_, STALL, CLOSEFD };
 
 typedef struct rule {
     int kind, fd;
-    int64_t at, nth, times, ms;
+    int64_t at, to, nth, times, ms;
     int64_t seen, fired;
     int eof_next;    /* short: the call that continues the shortened one reports end of file */
     int eof_fd;
@@ -60,6 +61,7 @@ typedef ssize_t (*pread_fn)(int, void *, size_t, off_t);
 static int parse_rule(char *text, rule *r) {
     memset(r, 0, sizeof *r);
     r->at = -1;
+    r->to = -1;
     r->fd = -1;
     r->nth = 1;
     r->times = 1;
@@ -77,6 +79,7 @@ static int parse_rule(char *text, rule *r) {
         *eq = 0;
         int64_t v = strtoll(eq + 1, NULL, 10);
         if (strcmp(kv, "at") == 0) r->at = v;
+        else if (strcmp(kv, "to") == 0) r->to = v;
         else if (strcmp(kv, "fd") == 0) r->fd = (int)v;
         else if (strcmp(kv, "nth") == 0) r->nth = v;
         else if (strcmp(kv, "times") == 0) r->times = v;
@@ -141,7 +144,10 @@ static int match(int fd, size_t count, off_t offset, int *kind, int64_t *ms) {
             break;
         }
         if (r->fd >= 0 && r->fd != fd) continue;
-        if (r->at >= 0 && !(r->at >= offset && r->at < offset + (off_t)count)) continue;
+        if (r->at >= 0 && r->to < 0 && !(r->at >= offset && r->at < offset + (off_t)count))
+            continue;
+        if (r->at >= 0 && r->to >= 0 && !(r->at < offset + (off_t)count && offset < r->to))
+            continue;
         r->seen++;
         if (r->seen < r->nth || (r->times > 0 && r->fired >= r->times)) continue;
         r->fired++;
