@@ -229,3 +229,91 @@ def test_an_expert_requested_later_in_the_same_acquire_is_not_evicted(model, pol
         _check(model, h)
         cache.release(h)
         assert cache.cached(layer) == [4, 6]
+
+
+def test_ready_order_puts_the_experts_without_a_read_first(model):
+    layer = model.experts.layers[0]
+    with _cache(model, 4) as cache:
+        h = cache.acquire(layer, [2])
+        _check(model, h)
+        cache.release(h)
+        h = cache.acquire(layer, [5, 2, 6])  # miss, hit, miss
+        assert h.hits == (False, True, False)
+        assert [p is None for p in h.pending] == [False, True, False]
+        assert h.ready_order() == [1, 0, 2]
+        _check(model, h)
+        cache.release(h)
+
+
+def test_a_failed_acquire_unpins_its_hits(model):
+    """An acquire whose hit was pinned before a later miss found no slot gives the pin back:
+    once the other handle is released, both slots can be evicted."""
+    layer = model.experts.layers[0]
+    with _cache(model, 2) as cache:
+        cache.release(cache.acquire(layer, [0]))
+        held = cache.acquire(layer, [1])
+        with pytest.raises(PlanError):
+            cache.acquire(layer, [0, 5])  # 0 hits (pinned), 5 has no slot
+        cache.release(held)
+        h = cache.acquire(layer, [7, 6])  # evicts 0 and 1
+        _check(model, h)
+        cache.release(h)
+        assert cache.cached(layer) == [6, 7]
+
+
+def test_prefetch_into_cache_slots_pins_until_submitted(model):
+    """A prefetch whose second expert finds no slot does not evict its first (not yet read):
+    one started; the prefetched expert is evictable afterwards."""
+    layer = model.experts.layers[1]
+    with _cache(model, 3) as cache:
+        held = cache.acquire(layer, [0, 1])
+        assert cache.prefetch(layer, [2, 3]) == 1
+        assert cache.cached(layer) == [0, 1, 2]
+        cache.release(held)
+        h = cache.acquire(layer, [2])  # served by the prefetch's read
+        _check(model, h)
+        cache.release(h)
+        for ids in ([4, 5], [6, 7]):  # the prefetched expert is not pinned for ever
+            h = cache.acquire(layer, ids)
+            _check(model, h)
+            cache.release(h)
+        assert cache.cached(layer) == [5, 6, 7]
+
+
+def test_a_prefetch_still_reading_is_waited_for(model, monkeypatch):
+    """An acquire of an expert whose prefetch read is still running waits for that read."""
+    from sdq.paging.reads import ReadBatch
+
+    layer = model.experts.layers[2]
+    with _cache(model, 3) as cache:
+        monkeypatch.setattr(ReadBatch, "done", lambda self, group: False)  # a slow device
+        assert cache.prefetch(layer, [4]) == 1
+        h = cache.acquire(layer, [4])
+        monkeypatch.undo()
+        assert h.hits == (False,) and h.pending[0] is not None and h.ready_order() == [0]
+        _check(model, h)
+        cache.release(h)
+        assert cache.stats["prefetch_hits"] == 1
+
+
+def test_layer_lrfu_prefetch_ranks_victims_from_the_layer_being_computed(model):
+    """Under layer_lrfu a prefetch for the next layer evicts from the layer computed last
+    (visited again only next token), not from the layer it prefetches for; before any acquire
+    the layer prefetched for counts as the current one."""
+    t = model.experts
+    with _cache(model, 3, policy="layer_lrfu") as cache:
+        cache.release(cache.acquire(t.layers[1], [5]))
+        cache.release(cache.acquire(t.layers[0], [0, 1]))  # arena full; table row 0 is now
+        assert cache.prefetch(t.layers[1], [6]) == 1
+        assert cache.cached(t.layers[1]) == [5, 6]
+        assert len(cache.cached(t.layers[0])) == 1
+    with _cache(model, 3, policy="layer_lrfu") as cache:
+        assert cache.prefetch(t.layers[0], [0, 1]) == 2
+        assert cache.prefetch(t.layers[2], [3]) == 1  # arena full, no acquire yet
+        import time
+
+        time.sleep(0.2)  # the prefetch reads (a few hundred bytes) finish: evictable
+        # as if row 1 were current: row 2 is visited next, row 0 last: a row-0 expert goes
+        assert cache.prefetch(t.layers[1], [7]) == 1
+        assert cache.cached(t.layers[2]) == [3]
+        assert len(cache.cached(t.layers[0])) == 1
