@@ -284,6 +284,39 @@ def scenario_inflight_hit(tmp: str) -> None:
     cache.close()
 
 
+def scenario_cancel(tmp: str) -> None:
+    """Closing a pool whose one worker is stuck in the first read: every other read is
+    canceled, the first completes with the file's bytes; none is reported done without running."""
+    from sdq import _io
+
+    f = faults()
+    data = np.random.default_rng(5).integers(0, 256, 1 << 18, dtype=np.uint8)
+    path = Path(tmp) / "c.bin"
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    buf = np.zeros(1 << 18, np.uint8)
+    rows = np.array(
+        [(fd, i * 4096, 4096, 4096, buf.ctypes.data + i * 4096, i, i) for i in range(64)],
+        dtype=np.int64,
+    )  # [64, 7]
+    f.set("stall:at=0,ms=300")
+    pool = _io.Pool(1, timeout=10.0)
+    batch = pool.submit(rows, 0, buf)
+    while f.fired() == 0:
+        time.sleep(0.001)
+    pool.close()
+    rep = np.frombuffer(batch.report(), np.int64).reshape(-1, 6)  # [64, 6]
+    assert rep[0, 5] == 0 and rep[0, 3] == 4096 and np.array_equal(buf[:4096], data[:4096])
+    assert (rep[1:, 5] == 4).all() and (rep[1:, 3] == 0).all(), rep[:, 5]
+    try:
+        batch.wait(7)
+        raise AssertionError("a canceled read waited without error")
+    except _io.IOFailure as exc:
+        assert exc.kind == "canceled" and exc.offset == 7 * 4096 and exc.length == 4096
+    batch.wait(0)
+    os.close(fd)
+
+
 SCENARIOS = {
     name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")
 }
@@ -292,7 +325,9 @@ SCENARIOS = {
 # ---------------------------------------------------------------- the tests
 
 
-@pytest.mark.parametrize("scenario", ["reader", "failed_wait", "failed_prefetch", "inflight_hit"])
+@pytest.mark.parametrize(
+    "scenario", ["reader", "failed_wait", "failed_prefetch", "inflight_hit", "cancel"]
+)
 def test_fault_scenario(shim, tmp_path, scenario):
     run_child(shim, scenario, tmp_path)
 
