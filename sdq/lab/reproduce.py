@@ -116,6 +116,7 @@ def run_one(
     staged = staging_root / stem / params.name
     final = outputs_root / stem / params.name
     failed = outputs_root / stem / f"{params.name}.failed"
+    _remove_dead_staging(outputs_root, f".staging-{stem}-{params.name}-")
     shutil.rmtree(staging_root, ignore_errors=True)
     section = params.section(stem)
     parameters = {"params_name": params.name, "model_path": str(model_path), **section}
@@ -151,6 +152,25 @@ def run_one(
         return NotebookResult(stem, True, time.perf_counter() - started, final)
     finally:
         shutil.rmtree(staging_root, ignore_errors=True)
+
+
+def _remove_dead_staging(outputs_root: Path, prefix: str) -> None:
+    """Remove the staging folders `prefix`<pid> left by runs that were killed (their process
+    is gone); a run still going keeps its own."""
+    for folder in outputs_root.glob(f"{prefix}*"):
+        pid = folder.name.removeprefix(prefix)
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _check_no_stray_outputs(nb: Path, staging_root: Path, staged: Path) -> None:
