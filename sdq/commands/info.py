@@ -24,18 +24,105 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdq.format.model import anatomy, open_model
+    from sdq.errors import UnsupportedError
+    from sdq.format.header import read_header
+    from sdq.format.model import ARCH_NORM_TOPK, anatomy, open_model
 
-    model = open_model(args.model)
-    if args.check:
-        model.require_experts()
-        model.require_compute()
-    info = anatomy(model, layer=args.layer, expert=args.expert)
+    header = read_header(args.model)
+    arch = header.metadata.get("general.architecture")
+    if isinstance(arch, str) and arch and arch not in ARCH_NORM_TOPK:
+        reason = f"sdq does not know architecture {arch!r}"
+        if args.check:
+            known = ", ".join(sorted(ARCH_NORM_TOPK))
+            raise UnsupportedError(f"{header.path}: {reason} (known: {known})")
+        info = header_anatomy(header)
+        info["cannot_run"] = f"{reason} (the anatomy above is the header's alone)"
+    else:
+        model = open_model(args.model)
+        if args.check:
+            model.require_experts()
+            model.require_compute()
+        info = anatomy(model, layer=args.layer, expert=args.expert)
+        info["cannot_run"] = cannot_run(model)
     if args.json:
         print(json.dumps(info, indent=1))
     else:
         print(render(info))
     return 0
+
+
+def cannot_run(model) -> str | None:
+    """Why `sdq chat` (plan, serve) would refuse the model, or None when it can run it."""
+    from sdq.format.quants import SUPPORTED_COMPUTE
+    from sdq.run.engine import SUPPORTED_ARCHS
+
+    arch = model.spec.arch
+    if not model.has_experts:
+        return "it has no routed experts (a dense model); sdq runs Mixture-of-Experts models"
+    if arch not in SUPPORTED_ARCHS:
+        return f"sdq cannot run architecture {arch} yet (it runs {', '.join(SUPPORTED_ARCHS)})"
+    bad = sorted({t.qtype.name for t in model.tensors.values() if t.qtype not in SUPPORTED_COMPUTE})
+    if bad:
+        return f"tensor types without an sdq kernel: {', '.join(bad)}"
+    return None
+
+
+def header_anatomy(header) -> dict:
+    """What `sdq info` shows of a file whose architecture sdq does not know: the tensors by
+    type and role and the bytes, from the header alone (the keys `anatomy` gives, with the
+    architecture and block count as the spec)."""
+    from collections import Counter
+
+    from sdq.format.model import TENSOR_CLASSES, is_routed, tensor_class
+    from sdq.format.quants import SUPPORTED_COMPUTE, qtype_of, tensor_bytes
+
+    meta = header.metadata
+    arch = meta["general.architecture"]
+    n_layer = meta.get(f"{arch}.block_count")
+    n_layer = n_layer if isinstance(n_layer, int) else 1 << 30  # no block counts as MTP
+    count: Counter[str] = Counter()
+    nbytes: Counter[str] = Counter()
+    classes: Counter[str] = Counter()
+    class_bytes: Counter[str] = Counter()
+    routed = total = 0
+    unsupported = set()
+    for raw in header.tensors:
+        q = qtype_of(raw.type_value, f"{header.path}: tensor {raw.name}")
+        size = tensor_bytes(q, raw.dims, what=f"{header.path}: tensor {raw.name}")
+        count[q.name] += 1
+        nbytes[q.name] += size
+        c = tensor_class(raw.name, n_layer)
+        classes[c] += 1
+        class_bytes[c] += size
+        total += size
+        routed += size if is_routed(raw.name) else 0
+        if q not in SUPPORTED_COMPUTE:
+            unsupported.add(q.name)
+    spec = {"arch": arch}
+    if n_layer != 1 << 30:
+        spec["n_layer"] = n_layer
+    name = meta.get("general.name")
+    return {
+        "path": str(header.path),
+        "file_bytes": header.file_size,
+        "gguf_version": header.version,
+        "alignment": header.alignment,
+        "data_offset": header.data_offset,
+        "name": name if isinstance(name, str) else None,
+        "file_type": meta.get("general.file_type"),
+        "spec": spec,
+        "n_tensors": len(header.tensors),
+        "tensor_types": {k: {"count": count[k], "bytes": nbytes[k]} for k in sorted(count)},
+        "tensor_classes": {
+            c: {"count": classes[c], "bytes": class_bytes[c]} for c in TENSOR_CLASSES if classes[c]
+        },
+        "total_bytes": total,
+        "dense_bytes": total - routed,
+        "routed_expert_bytes": routed,
+        "mtp": {"present": False},
+        "unsupported_compute": sorted(unsupported),
+        "experts": None,
+    }
 
 
 def _layers(layers) -> str:
@@ -173,4 +260,6 @@ def render(info: dict) -> str:
         out.append(f"compute  types without an sdq kernel: {', '.join(bad)}")
     else:
         out.append("compute  every tensor type has an sdq kernel")
+    why = info.get("cannot_run")
+    out.append(f"run      sdq cannot run it: {why}" if why else "run      sdq can run it")
     return "\n".join(out)
