@@ -116,27 +116,27 @@ def _pool_reads(model, lengths, tasks, fd, buf, base):
     return (rep[:, 2].max() - rep[:, 1].min()) / 1e9, (rep[:, 2] - rep[:, 1]) / 1e9
 
 
-def _within_three_attempts(attempt) -> bool:
+def _within_attempts(attempt) -> bool:
     """Timing on a shared machine: a worker woken while other processes hold both cores ends
-    its read late (never early). The emulation passes if one of three attempts is within the
+    its read late (never early). The emulation passes if one of five attempts is within the
     bounds; a wrong rule misses them every time."""
-    return any(attempt() for _ in range(3))
+    return any(attempt() for _ in range(5))
 
 
 def test_emulated_segments_serial_vs_parallel(tmp_path):
-    """Three 600 KB segments at 100 MB/s per stream (the aggregate allows ten): each read
-    takes latency + 6 ms however many are in flight; one after another they take three times
+    """Three 600 KB segments at 50 MB/s per stream (the aggregate allows ten): each read
+    takes latency + 12 ms however many are in flight; one after another they take three times
     that, all at once about one (under 2x: workers woken late on a busy machine start late)."""
     import ctypes
 
     path = tmp_path / "f"
     path.write_bytes(np.random.default_rng(0).integers(0, 256, 1 << 20, np.uint8).tobytes())
-    model = DeviceModel("slow", latency_ms=0.5, stream_mb_s=100.0, aggregate_mb_s=1000.0,
+    model = DeviceModel("slow", latency_ms=0.5, stream_mb_s=50.0, aggregate_mb_s=500.0,
                         queue_depth=8)  # fmt: skip
     buf = mmap.mmap(-1, 4 << 20)
     base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     fd = __import__("os").open(path, 0)
-    one = model.service_s(600_000, 1)  # 6.5 ms
+    one = model.service_s(600_000, 1)  # 12.5 ms
     assert model.service_s(600_000, 3) == one
 
     def attempt() -> bool:
@@ -149,7 +149,7 @@ def test_emulated_segments_serial_vs_parallel(tmp_path):
         return all(close) and abs(serial / (3 * one) - 1) < 0.1 and parallel < 2 * one
 
     try:
-        assert _within_three_attempts(attempt)
+        assert _within_attempts(attempt)
     finally:
         __import__("os").close(fd)
     assert bytes(buf[:600_000]) == path.read_bytes()[:600_000]  # the bytes moved for real
@@ -184,7 +184,7 @@ def test_probe_reproduces_the_emulated_seed_ssd(tmp_path):
         misses.append(off)
         return not off
 
-    assert _within_three_attempts(attempt), misses
+    assert _within_attempts(attempt), misses
 
 
 def test_probe_refuses_a_model_faster_than_its_source(tmp_path, capsys):

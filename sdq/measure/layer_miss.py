@@ -54,6 +54,9 @@ class LayerMissSettings:
     repeat: int = 9
     layer: int | None = None  # a fixed MoE layer; None: a random one per repetition
     seed: int = 0
+    # a device model file (sdq.paging.device_model): reads replayed against it, the bytes from
+    # the warmed page cache (cache_mode pagecache); None: this machine's device
+    device_model: str | None = None
 
     def configurations(self) -> list[tuple[int, str, int, int]]:
         """(misses, mode, split, io_threads) of every configuration, in the order reported."""
@@ -80,6 +83,8 @@ class Row:
     best_other: str = ""
     ratio_to_best_other: float = float("nan")
     times_ms: list[float] = field(default_factory=list)  # (repeat,) one per repetition, in order
+    device: str = "native"  # this machine's device, or "emulated: <model name>"
+    late_reads: int = 0  # under emulation: reads whose bytes came after their emulated end
 
     @property
     def label(self) -> str:
@@ -124,19 +129,24 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
     if st.layer is not None:
         table.row(st.layer)
     configs = st.configurations()
+    emu = None
+    if st.device_model is not None:
+        from sdq.paging.device_model import load
+
+        emu = load(st.device_model)
     for _, mode, s, n in configs:
-        IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode)  # validates
+        IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode, device=emu)
     most = max(st.misses)
     layout = SlotLayout.for_table(table, st.cache_mode)
     arena = Arena(most, layout.slot_bytes)
-    first = IOSettings(threads=configs[0][3], cache_mode=st.cache_mode)
+    first = IOSettings(threads=configs[0][3], cache_mode=st.cache_mode, device=emu)
     reader = ExpertReader(model.path, table, layout, first)
     check_fd = os.open(model.path, os.O_RDONLY)
     rng = np.random.default_rng(st.seed)
     times = {c: [] for c in configs}
     resident = dict.fromkeys(configs, 0.0)
     nbytes = {c: [] for c in configs}
-    warm = st.cache_mode == "pagecache"
+    warm = st.cache_mode == "pagecache" and emu is None  # emulated: warmed at open
     try:
         for r in range(st.repeat):
             row = (
@@ -150,13 +160,15 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 m, mode, s, n = c
                 experts = chosen[:m]
                 addrs = [arena.address(k) for k in range(m)]
-                reader.set_io(IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode))
+                reader.set_io(
+                    IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode, device=emu)
+                )
                 if warm:  # read once untimed
                     reader.submit(row, experts, addrs, arena)[0].wait_all()
                 else:
-                    reader.drop_cache()
+                    reader.drop_cache()  # emulated: the source stays warm
                 cached = _resident(reader, table, row, experts)
-                worse = min if warm else max
+                worse = min if st.cache_mode == "pagecache" else max
                 resident[c] = worse(resident[c], cached) if r else cached
                 t0 = time.perf_counter_ns()
                 batch, device = reader.submit(row, experts, addrs, arena)
@@ -167,6 +179,7 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                     _check(check_fd, arena, layout, table, row, experts, model.path)
         if not warm:
             reader.drop_cache()
+        emulated = reader.emulated()
     finally:
         os.close(check_fd)
         reader.close()
@@ -194,6 +207,8 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 eb / med / 1e6,  # bytes per ms / 10**6 = GB/s
                 resident[c],
                 times_ms=list(times[c]),
+                device="native" if emu is None else emu.label,
+                late_reads=emulated[1],
             )
         )
     for row_ in rows:

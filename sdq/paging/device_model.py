@@ -43,6 +43,8 @@ import csv
 import io
 import json
 import math
+import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -351,3 +353,31 @@ def _read_text(path: Path, limit: int, what: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ParamsError(f"{what} {path}: not UTF-8 text") from None
+
+
+# ---------------------------------------------------------------------------- the source
+
+
+def prepare_source(fd: int, file_bytes: int, model: DeviceModel, size: int) -> float:
+    """Warm a file into the page cache (the emulated device's source), time `size`-byte
+    reads of it in one stream, and refuse a model whose one stream is not slower: emulation
+    can only slow reads down. Returns the source's MB/s (median of 8 reads)."""
+    chunk = 8 << 20
+    for off in range(0, file_bytes, chunk):
+        os.pread(fd, chunk, off)
+    size = max(1, min(size, file_bytes))
+    buf = bytearray(size)
+    rates = []
+    for i in range(8):
+        off = (i * 7919 * 4096) % max(file_bytes - size, 1)
+        t0 = time.perf_counter_ns()
+        os.preadv(fd, [buf], off)
+        rates.append(size / MB / max((time.perf_counter_ns() - t0) / 1e9, 1e-9))
+    source = float(np.median(rates))
+    if model.stream_mb_s >= source:
+        raise ParamsError(
+            f"device model {model.name}: one stream at {model.stream_mb_s:g} MB/s is not slower "
+            f"than the source here ({source:.0f} MB/s from the page cache): emulation can only "
+            "slow reads down"
+        )
+    return source

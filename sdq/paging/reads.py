@@ -81,7 +81,9 @@ def align_up(n, a: int):
 class IOSettings:
     """How experts are read. threads: pool workers; split: chunks per segment in mode split;
     timeout_s: the longest a wait for one expert's reads may block before it fails; verify:
-    check every expert read against a checksum of the file's bytes (sdq.paging.checksums)."""
+    check every expert read against a checksum of the file's bytes (sdq.paging.checksums);
+    device: a DeviceModel (sdq.paging.device_model) to replay every read against, the bytes
+    coming from the warmed page cache (cache mode pagecache), or None: this machine's device."""
 
     threads: int = 8
     mode: str = "parallel"
@@ -89,6 +91,7 @@ class IOSettings:
     cache_mode: str = "pagecache"
     timeout_s: float = DEFAULT_TIMEOUT_S
     verify: bool = False
+    device: object | None = None  # sdq.paging.device_model.DeviceModel
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -101,6 +104,11 @@ class IOSettings:
             raise ParamsError(f"I/O threads {self.threads}: expected 1..{_io.MAX_THREADS}")
         if not 0 < self.timeout_s < 1e9:
             raise ParamsError(f"read timeout {self.timeout_s} s: expected > 0")
+        if self.device is not None and self.cache_mode != "pagecache":
+            raise ParamsError(
+                f"an emulated device ({self.device.label}) reads from the page cache: cache "
+                f"mode {self.cache_mode} does not apply"
+            )
         object.__setattr__(self, "split", min(max(int(self.split), 1), MAX_SPLIT))
 
     @property
@@ -265,7 +273,19 @@ class ExpertReader:
             # no readahead: it would leave neighbouring experts cached behind DONTNEED's back
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         self._templates: dict[int, ReadTemplate] = {}  # table row -> its reads, built once
+        self.source_mb_s = None  # under emulation: the page cache's speed, one stream
+        if io.device is not None:
+            from sdq.paging.device_model import prepare_source
+
+            try:
+                size = int(np.max(table.nbytes))
+                self.source_mb_s = prepare_source(self.fd, self.identity.size, io.device, size)
+            except BaseException:
+                os.close(self.fd)
+                raise
         self.pool = _io.Pool(io.threads, timeout=io.timeout_s)
+        if io.device is not None:
+            self.pool.emulate(*io.device.c_params())
 
     def check_open_file(self) -> None:
         """ModelChangedError if the open file was truncated or rewritten since it was opened
@@ -300,6 +320,8 @@ class ExpertReader:
             raise ParamsError("the cache mode of an open reader cannot change")
         if io.timeout_s != self.io.timeout_s:
             raise ParamsError("the read timeout of an open reader cannot change")
+        if io.device != self.io.device:
+            raise ParamsError("the emulated device of an open reader cannot change")
         self.pool.threads = io.threads
         if io.chunks != self.io.chunks:
             self._templates = {}
@@ -337,9 +359,16 @@ class ExpertReader:
 
     def drop_cache(self) -> None:
         """Drops the file's pages from the page cache (written back first: DONTNEED keeps dirty
-        pages)."""
+        pages). Not under an emulated device, whose source the page cache is."""
+        if self.io.device is not None:
+            return
         os.fdatasync(self.fd)
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def emulated(self) -> tuple[int, int]:
+        """(reads run under the emulated device, reads whose bytes came after their emulated
+        end): (0, 0) without one."""
+        return self.pool.emulated() if self.pool is not None else (0, 0)
 
     def resident_fraction(self, offset: int, length: int) -> float:
         return _io.resident_fraction(self.fd, offset, length)
