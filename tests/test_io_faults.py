@@ -317,6 +317,23 @@ def scenario_cancel(tmp: str) -> None:
     os.close(fd)
 
 
+def scenario_chat_hangs(tmp: str) -> None:
+    """`sdq chat` whose first MoE layer's reads hang (SDQ_FAULTS), with a 0.5 s read timeout:
+    one line, exit code 2, and the process ends without waiting for the hung reads."""
+    import dataclasses
+
+    from sdq.cli import main
+
+    init = ExpertReader.__init__
+
+    def short_timeout(self, path, table, layout, io):
+        init(self, path, table, layout, dataclasses.replace(io, timeout_s=0.5))
+
+    ExpertReader.__init__ = short_timeout
+    code = main(os.environ["SDQ_CHAT_ARGS"].split("\x1f"))
+    sys.exit(0 if code == 2 else 1)  # a normal exit; the parent checks the line and the time
+
+
 SCENARIOS = {
     name[len("scenario_") :]: fn for name, fn in globals().items() if name.startswith("scenario_")
 }
@@ -355,6 +372,23 @@ def test_chat_read_failure_is_one_line(shim, tiny_model, tmp_path):
     assert err.count("\n") == 1 and err.startswith("sdq chat: error: "), err
     assert str(tiny_model) in err and "I/O error reading layer" in err
     assert "at offset" in err and "length" in err and "Input/output error" in err
+
+
+def test_chat_hung_read_is_one_line_and_the_process_exits(shim, tiny_model, tmp_path):
+    from sdq.format.model import open_model
+
+    t = open_model(tiny_model).require_experts()
+    gate = t.offsets[0, :, 0]  # [E]
+    rules = f"stall:at={int(gate.min())},to={int(gate.max() + t.nbytes[0, :, 0].max())}"
+    rules += ",times=0,ms=30000"
+    args = ["chat", "-m", str(tiny_model), "-p", "hello there", "-n", "4", "--temp", "0"]
+    args += ["-c", "128", "-b", "16", "--ram-budget-mb", "4000"]
+    env = {"SDQ_FAULTS": rules, "SDQ_CHAT_ARGS": "\x1f".join(args)}
+    proc, seconds = run_child(shim, "chat_hangs", tmp_path, env=env)
+    err = proc.stderr
+    assert err.count("\n") == 1 and err.startswith("sdq chat: error: "), err
+    assert "read timed out after 0.5 s reading layer 0 expert" in err and "gate at offset" in err
+    assert seconds < 25  # a hung read sleeps 30 s: nobody waited for it to end
 
 
 # ---------------------------------------------------------------- bookkeeping, in process

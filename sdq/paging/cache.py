@@ -53,8 +53,10 @@ entry is dropped; a failed read nobody waited for (a prefetch) is found failed w
 is next looked up, dropped, and read again; either way the slot returns to the free list once
 unpinned. Every acquire checks that the model file is still the one opened (ExpertReader: one
 fstat; at a new token also the path) and fails with ModelChangedError otherwise. A wait is
-bounded by IOSettings.timeout_s; close() gives a read that hangs the same time, then leaves the
-arena mapped for it rather than unmapping memory a read still writes into. With
+bounded by IOSettings.timeout_s; after one timed out the cache refuses every acquire and
+prefetch (the hung read may still write into its slot), release() waits no more, and close()
+gives the hung read the same time once, then leaves the arena mapped for it rather than
+unmapping memory a read still writes into. With
 IOSettings.verify every expert is checked against its checksum (sdq.paging.checksums) before
 its first use after each read into its slot.
 """
@@ -366,7 +368,7 @@ class ExpertCache:
         if handle.released:
             return
         for read in handle.pending:
-            if read is not None:
+            if read is not None and self.reader.hung is None:  # a hung read: wait no more
                 try:
                     read[0].wait(read[1])
                 except ReadError:

@@ -236,10 +236,13 @@ class ReadBatch:
         detail = f": {os.strerror(exc.errno)}" if exc.kind == "error" else ""
         got = f", got {exc.done} bytes" if exc.kind == "short" else ""
         after = f" after {self.batch_timeout():g} s" if exc.kind == "timeout" else ""
-        return ReadError(
+        message = (
             f"{self.path}: {what}{after} reading layer {layer} expert {expert} {PARTS[part]} "
             f"at offset {exc.offset} length {exc.length}{got}{detail}"
         )
+        if exc.kind == "timeout" and self.reader is not None:
+            self.reader.hung = message  # the reader is done for: it refuses further work
+        return ReadError(message)
 
     def batch_timeout(self) -> float:
         return self.reader.io.timeout_s if self.reader is not None else 0.0
@@ -266,6 +269,7 @@ class ExpertReader:
             raise ReadError(f"{self.path}: cannot open: {exc.strerror}{extra}") from None
         self.identity = FileIdentity.of(os.fstat(self.fd))
         self.changed: str | None = None  # the error's message once the file is seen changed
+        self.hung: str | None = None  # the error's message once a read outlasted the timeout
         self.flags = (_io.FLAG_DIRECT if layout.direct else 0) | (
             _io.FLAG_DONTNEED if io.cache_mode == "dontneed" else 0
         )
@@ -289,7 +293,10 @@ class ExpertReader:
 
     def check_open_file(self) -> None:
         """ModelChangedError if the open file was truncated or rewritten since it was opened
-        (one fstat); once seen, every later check raises it too."""
+        (one fstat); once seen, every later check raises it too. ReadError once a read has
+        hung past the timeout: it may still write into its slot, so nothing more is read."""
+        if self.hung is not None:
+            raise ReadError(self.hung)
         if self.changed is None:
             how = self.identity.change(FileIdentity.of(os.fstat(self.fd)))
             if how:
