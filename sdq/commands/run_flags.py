@@ -105,6 +105,15 @@ RUN_FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         {"action": "store_true", "help": "copy every expert into RAM (no pager, no budget)"},
     ),
     "route_log": (("--route-log",), {"help": "write each token's experts per layer (JSON lines)"}),
+    "device_model": (
+        ("--device-model",),
+        {
+            "metavar": "PATH",
+            "help": "replay every expert read against this device model (sdq device, "
+            "data/devices/): bytes from the warmed page cache (--cache-mode pagecache), each "
+            "read held until the modelled device would finish it; 'native': this machine's",
+        },
+    ),
     "verify": (
         ("--verify",),
         {

@@ -50,6 +50,7 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
     after `open_for_run`, so a budget it accepts is one `sdq chat` accepts)."""
     import psutil
 
+    from sdq.paging import device_model
     from sdq.paging.cache import CacheSettings
     from sdq.paging.prefetch import prefetch_width
     from sdq.paging.reads import IOSettings
@@ -82,6 +83,7 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
         split=s.io_split,
         cache_mode=s.cache_mode,
         verify=s.verify,
+        device=device_model.resolve(s.device_model),
     )
     return PagedSetup(plan, cache, io, prefetch)
 
@@ -134,6 +136,11 @@ class Session:
         fig["slots"] = getattr(plan, "slots", None) if plan is not None else None
         fig["slot_bytes"] = getattr(plan, "slot_bytes", None) if plan is not None else None
         fig["cache_mode"] = "resident" if self.settings.resident else self.settings.cache_mode
+        reader = getattr(self.experts, "reader", None)
+        device = getattr(getattr(reader, "io", None), "device", None)
+        fig["device"] = "native" if device is None else device.label
+        if device is not None:  # reads whose bytes arrived after their emulated end
+            fig["late_reads"] = reader.emulated()[1]
         fig["prefetch_next"] = self.prefetch_next
         fig["expert_cache"] = dict(getattr(self.experts, "stats", {}) or {})
         return fig

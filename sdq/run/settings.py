@@ -39,6 +39,9 @@ class RunSettings:
     prefetch_next: int | None = None
     route_log: str | None = None
     verify: bool = False  # every expert read checked against a checksum (sdq.paging.checksums)
+    # a device model file (sdq.paging.device_model) every expert read is replayed against,
+    # the bytes coming from the warmed page cache; None, "" or "native": this machine's device
+    device_model: str | None = None
     io_profile: str | None = None  # the I/O profile whose settings were applied (its path)
 
     @classmethod
