@@ -14,12 +14,22 @@ from sdq.errors import UnsupportedError
 LLAMA_SETTINGS_NOTE = "llama.cpp defaults (weight repacking on), built without AMX"
 
 
-def open_llama(path, *, n_ctx: int, n_ubatch: int, threads: int, **kwargs):
-    """A quiet llama_cpp.Llama on `path`; kwargs go to Llama."""
+def require_llama_cpp(what: str = "this"):
+    """The llama_cpp module; UnsupportedError in one line when the optional reference (the
+    `reference` extra) is not installed."""
     try:
         import llama_cpp
-    except ImportError as exc:  # a pinned dependency: missing only in a broken install
-        raise UnsupportedError(f"llama-cpp-python is not installed ({exc})") from None
+    except ImportError as exc:
+        raise UnsupportedError(
+            f"{what} needs llama.cpp as the reference, and llama-cpp-python is not installed "
+            f"({exc}): pip install 'sdq[reference]' (make setup builds it for this CPU)"
+        ) from None
+    return llama_cpp
+
+
+def open_llama(path, *, n_ctx: int, n_ubatch: int, threads: int, **kwargs):
+    """A quiet llama_cpp.Llama on `path`; kwargs go to Llama."""
+    llama_cpp = require_llama_cpp("comparing with llama.cpp")
     if _amx_compiled_but_unusable(llama_cpp):
         raise UnsupportedError(
             "llama-cpp-python was built with AMX, which virtual machines often report but "

@@ -274,7 +274,8 @@ def _llama_cpp():
         import llama_cpp
     except ImportError as exc:
         raise SdqError(
-            f"llama-cpp-python is not installed ({exc}); run `make setup` to build it"
+            f"quantizing needs llama.cpp's quantizer, and llama-cpp-python is not installed "
+            f"({exc}): pip install 'sdq[reference]' (make setup builds it), or --qtype F16/F32"
         ) from None
     return llama_cpp
 

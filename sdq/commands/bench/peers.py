@@ -87,9 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from sdq.errors import ParamsError
+    from sdq.measure.llama_ref import require_llama_cpp
     from sdq.measure.peers import PeerSettings, probe_bandwidth, run_peers
     from sdq.run.settings import RunSettings
 
+    require_llama_cpp("sdq bench peers")
     caps = _caps(args.ram_cap_mb)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.repeat < 1:

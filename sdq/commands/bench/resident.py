@@ -23,9 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from sdq.measure.llama_ref import require_llama_cpp
     from sdq.measure.resident import compare_resident
     from sdq.run.settings import RunSettings
 
+    require_llama_cpp("sdq bench resident")
     result = compare_resident(
         checked_settings(RunSettings.from_args(args)), args.prompt, repeats=args.repeats
     )
