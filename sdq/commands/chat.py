@@ -47,6 +47,7 @@ def run(args) -> int:
         if args.conversation:
             return _converse(m, args, prompt)
         s = m.session
+        routes = _keep_decode_routes(s) if args.json else None
         if args.system is not None:
             _no_template_notice(m)
             events = m.chat(system=args.system).send(prompt, stream=True)
@@ -68,6 +69,8 @@ def run(args) -> int:
                 **s.figures(g),
                 "token_ms": [round(ms, 3) for ms in g.token_ms],
             }
+            if routes is not None:
+                obj.update(_against_limits(s, settings, g, routes))
             if args.profile:
                 obj["profile_ms_per_token"] = g.profile
             print(json.dumps(obj))
@@ -77,6 +80,34 @@ def run(args) -> int:
             if args.profile:
                 print(_format_profile(g.profile))
     return 0
+
+
+def _keep_decode_routes(session):
+    """A paged run's decode routing, kept in memory for the optimum (sdq.measure.ceiling):
+    O(decode tokens x layers x K) ids; None for a resident run."""
+    if session.settings.resident:
+        return None
+    from sdq.measure.ceiling import DecodeRoutes
+
+    routes = DecodeRoutes(session.experts, session.engine.route_log)
+    session.engine.route_log = routes
+    return routes
+
+
+def _against_limits(session, settings, g, routes) -> dict:
+    """--json of a paged run: the pager against the best cache on the same decode
+    (`optimum`), and the decode against the I/O ceiling with its token time split (`ceiling`;
+    io_ceiling_tok_s and io_ceiling_fraction also at the top, as DESIGN names them)."""
+    from sdq.measure.ceiling import run_report, saved_bandwidth
+
+    report = run_report(
+        session.figures(g), g.profile.get("decode", {}), routes, saved_bandwidth(settings)
+    )
+    if report:
+        c = report["ceiling"]
+        report["io_ceiling_tok_s"] = c["io_ceiling_tok_s"]
+        report["io_ceiling_fraction"] = c["io_ceiling_fraction"]
+    return report
 
 
 MAX_PROMPT_BYTES = 16 * 2**20  # far more text than any context holds

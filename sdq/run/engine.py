@@ -358,6 +358,14 @@ class Timers:
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(PROFILE_CATEGORIES, 0.0)
     )
+    # seconds that lie inside the categories, not beside them (sdq.measure.ceiling uses them):
+    #   forward   the forward passes' wall time
+    #   no_read   from a forward pass's start to its first expert request, and from its last
+    #             expert release to its end: nothing is left to read then
+    #   pager     inside the expert source's acquire / release / prefetch calls
+    marks: dict[str, float] = field(
+        default_factory=lambda: {"forward": 0.0, "no_read": 0.0, "pager": 0.0}
+    )
 
     def add(self, category: str, dt: float) -> None:
         self.seconds[category] += dt
@@ -451,6 +459,7 @@ class Engine:
         if int(tokens.max()) >= self.spec.n_vocab or int(tokens.min()) < 0:
             raise SdqError(f"token id out of range 0..{self.spec.n_vocab - 1}")
         t0 = time.perf_counter()
+        self._t_forward, self._t_released = t0, None  # marks: no_read
         ws, w = self.ws, self.weights
         x = ws.x[:T]  # [T, D]
         x[:] = w.token_embd.rows_of(tokens)
@@ -483,7 +492,12 @@ class Engine:
             ops.rms_norm(x, w.output_norm, self.spec.rms_eps, xn)
             out = np.empty((T, self.spec.n_vocab), np.float32)
             w.output.mul(Activations(xn), out)
-        self.timers.add("other", time.perf_counter() - t0)
+        t_end = time.perf_counter()
+        self.timers.add("other", t_end - t0)
+        marks = self.timers.marks
+        marks["forward"] += t_end - self._t_forward
+        last = self._t_released if self._t_released is not None else self._t_forward
+        marks["no_read"] += t_end - last
         return out
 
     def _attention_block(self, il: int, lw: LayerWeights, T: int) -> None:
@@ -624,9 +638,14 @@ class Engine:
         step = int(getattr(self.experts, "max_acquire", len(union)) or len(union))
         guess_s = 0.0
         barrier_s = 0.0
+        marks = self.timers.marks
         for c in range(0, len(union), step):
             chunk = union[c : c + step]
+            ta = time.perf_counter()
+            if il == 0 and c == 0:
+                marks["no_read"] += ta - self._t_forward  # the forward's first expert request
             handle = self.experts.acquire(il, chunk)
+            marks["pager"] += time.perf_counter() - ta
             if self.prefetch_next and T == 1 and il + 1 < len(self.weights.layers):
                 guess_s = self._prefetch_next(il)
             try:
@@ -634,7 +653,10 @@ class Engine:
                 wait_s += waited
                 barrier_s += barrier
             finally:
+                tr = time.perf_counter()
                 self.experts.release(handle)
+                self._t_released = time.perf_counter()
+                marks["pager"] += self._t_released - tr
         parts = ws.ffn_parts[:T]  # [T, K, D]
         out[:] = parts[:, 0]
         for k in range(1, K):  # top-K order: the sum does not depend on which experts were hits
@@ -665,8 +687,11 @@ class Engine:
         else:
             nxt.router.mul(Activations(xin), logits)
         ops.softmax_topk(logits, s.n_expert_used, s.norm_topk_prob, ids, w)
+        tp = time.perf_counter()
         self.experts.prefetch(il + 1, ids[0, : self.prefetch_next])  # most probable first
-        return time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.timers.marks["pager"] += t1 - tp
+        return t1 - t0
 
     def _run_experts(
         self, chunk, handle, ids, weights, T: int, acts: Activations

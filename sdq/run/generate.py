@@ -24,6 +24,10 @@ Figures (names as in DESIGN.md):
     prefetch_mb_per_token  the part of ssd_mb_per_token that prefetches read
     peak_rss_mb, swap_mb  from the OS (VmHWM and VmSwap of this process)
     prefill_hit_rate, prefill_ssd_mb  the same counts over the prefill (no prefetch runs there)
+    forward_ms_per_token, no_read_ms_per_token, pager_ms_per_token
+                    per decode pass: the forward pass's wall time, the part of it before the
+                    first expert request and after the last release, and the time inside the
+                    pager's calls (sdq.run.engine.Timers.marks; sdq.measure.ceiling)
 
 The profile (`Generation.profile`, `sdq chat --profile`): ms per token per category of
 sdq.run.engine.Timers, plus `other` (what no timer covered: embedding, output head, sampling,
@@ -119,6 +123,7 @@ def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, 
     tok = sampler(logits)
     ttft = time.perf_counter() - t_start
     timers1, io1 = engine.timers.snapshot(), _cache_stats(engine.experts)
+    marks1 = _marks(engine)
 
     # -- decode ---------------------------------------------------------------------------
     engine.phase = "decode"
@@ -145,6 +150,7 @@ def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, 
         texts.append(tail)
         yield None, tail
     timers2, io2 = engine.timers.snapshot(), _cache_stats(engine.experts)
+    marks2 = _marks(engine)
 
     n_decode = len(token_ms)
     nan = float("nan")
@@ -176,6 +182,7 @@ def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, 
         "prefill_hit_rate": _ratio(_delta(io1, io0), "hits", "lookups"),
         "prefill_ssd_mb": _delta(io1, io0).get("bytes_read", 0) / 1e6,
         "decode_s": t_decode,
+        **{f"{k}_ms_per_token": v * 1e3 * per_tok for k, v in _delta(marks2, marks1).items()},
         **memory_figures(),
     }
     profile = {
@@ -187,6 +194,11 @@ def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, 
 
 def _cache_stats(experts) -> dict:
     return dict(getattr(experts, "stats", {}) or {})
+
+
+def _marks(engine) -> dict:
+    """The engine's timer marks (sdq.run.engine.Timers.marks), {} for an engine without."""
+    return dict(getattr(engine.timers, "marks", {}) or {})
 
 
 def _delta(after: dict, before: dict) -> dict:
