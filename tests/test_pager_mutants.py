@@ -3,6 +3,8 @@ checked one decision at a time (tests/mutation/REPORT.md lists what the suite mu
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from pager_support import make_model
 
@@ -310,8 +312,6 @@ def test_layer_lrfu_prefetch_ranks_victims_from_the_layer_being_computed(model):
     with _cache(model, 3, policy="layer_lrfu") as cache:
         assert cache.prefetch(t.layers[0], [0, 1]) == 2
         assert cache.prefetch(t.layers[2], [3]) == 1  # arena full, no acquire yet
-        import time
-
         time.sleep(0.2)  # the prefetch reads (a few hundred bytes) finish: evictable
         # as if row 1 were current: row 2 is visited next, row 0 last: a row-0 expert goes
         assert cache.prefetch(t.layers[1], [7]) == 1

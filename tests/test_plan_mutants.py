@@ -231,4 +231,6 @@ def test_plan_for_slots_counts_nothing_else(model):
     assert plan.slots == 5 and plan.fixed_bytes == 0
     assert plan.ram_budget_bytes == 5 * (plan.slot_bytes + SLOT_META_BYTES)
     assert plan.left_bytes == 0 and plan.min_slots == 2
+    assert plan.cache_mode == "pagecache" and plan.align == 64
+    assert plan_for_slots(model, 5, cache_mode="dontneed").cache_mode == "dontneed"
     assert plan_for_slots(model, 5, cache_mode="direct").slot_bytes % 4096 == 0
