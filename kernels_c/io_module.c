@@ -465,9 +465,9 @@ static PyObject *Pool_emulate(PoolObject *self, PyObject *args) {
 
 static PyObject *Pool_emulated(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
     if (pool_open(self)) return NULL;
-    int64_t reads, late;
-    sdq_pool_emulated(self->pool, &reads, &late);
-    return Py_BuildValue("LL", (long long)reads, (long long)late);
+    int64_t reads, late, over_ns;
+    sdq_pool_emulated(self->pool, &reads, &late, &over_ns);
+    return Py_BuildValue("LLL", (long long)reads, (long long)late, (long long)over_ns);
 }
 
 static PyObject *Pool_enter(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -489,8 +489,8 @@ static PyMethodDef Pool_methods[] = {
      "emulate(latency_ns, stream_bps, aggregate_bps, depth): hold each read until a device of "
      "that model would have finished it (depth 0: off; sdq/paging/device_model.py)"},
     {"emulated", (PyCFunction)Pool_emulated, METH_NOARGS,
-     "emulated() -> (reads, late): reads run under emulation, and those whose bytes arrived "
-     "after their emulated finish"},
+     "emulated() -> (reads, late, over_ns): reads run under emulation, those whose bytes "
+     "arrived after their emulated finish, and the others' summed lag past it"},
     {"__enter__", (PyCFunction)Pool_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Pool_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

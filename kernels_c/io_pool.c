@@ -38,6 +38,7 @@ struct sdq_pool {
     double emu_stream_bps, emu_aggregate_bps;
     int64_t emu_free_ns[SDQ_MAX_THREADS]; /* when each place frees */
     int64_t emu_reads, emu_late;
+    int64_t emu_over_ns; /* sum over held reads of (actual end - emulated end): wake-up lag */
 };
 
 int64_t sdq_now_ns(void) {
@@ -130,6 +131,9 @@ static void emu_hold(sdq_pool *pool, sdq_read *r, int64_t finish_ns) {
         }
     while (sdq_now_ns() < finish_ns) sched_yield();
     r->end_ns = sdq_now_ns();
+    pthread_mutex_lock(&pool->emu_mu);
+    pool->emu_over_ns += r->end_ns - finish_ns;
+    pthread_mutex_unlock(&pool->emu_mu);
 }
 
 static void run_task(sdq_pool *pool, sdq_task *t) {
@@ -157,15 +161,16 @@ int sdq_pool_emulate(sdq_pool *pool, int64_t latency_ns, double stream_bps, doub
     pool->emu_stream_bps = stream_bps;
     pool->emu_aggregate_bps = aggregate_bps;
     for (int i = 0; i < SDQ_MAX_THREADS; i++) pool->emu_free_ns[i] = 0;
-    pool->emu_reads = pool->emu_late = 0;
+    pool->emu_reads = pool->emu_late = pool->emu_over_ns = 0;
     pthread_mutex_unlock(&pool->emu_mu);
     return 0;
 }
 
-void sdq_pool_emulated(sdq_pool *pool, int64_t *reads, int64_t *late) {
+void sdq_pool_emulated(sdq_pool *pool, int64_t *reads, int64_t *late, int64_t *over_ns) {
     pthread_mutex_lock(&pool->emu_mu);
     *reads = pool->emu_reads;
     *late = pool->emu_late;
+    *over_ns = pool->emu_over_ns;
     pthread_mutex_unlock(&pool->emu_mu);
 }
 

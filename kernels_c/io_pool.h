@@ -102,9 +102,11 @@ void sdq_batch_free(sdq_batch *b); /* waits for every read first */
  * EINVAL for a depth above SDQ_MAX_THREADS or a bandwidth <= 0. */
 int sdq_pool_emulate(sdq_pool *pool, int64_t latency_ns, double stream_bps, double aggregate_bps,
                      int depth);
-/* Reads run under emulation since it was set, and those whose real bytes arrived after the
- * emulated finish (the source was slower than the model: the hold could not be honoured). */
-void sdq_pool_emulated(sdq_pool *pool, int64_t *reads, int64_t *late);
+/* Reads run under emulation since it was set, those whose real bytes arrived after the
+ * emulated finish (the source was slower than the model: the hold could not be honoured), and
+ * the sum over the others of how long after their emulated finish they ended (a worker woken
+ * late on a busy machine). */
+void sdq_pool_emulated(sdq_pool *pool, int64_t *reads, int64_t *late, int64_t *over_ns);
 
 int64_t sdq_now_ns(void);
 /* Runs one read in the calling thread (used by the pool's workers and by pread_into). */

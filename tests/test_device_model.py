@@ -110,7 +110,7 @@ def _pool_reads(model, lengths, tasks, fd, buf, base):
     batch = pool.submit(table, 0, buf)
     batch.wait_all()
     rep = np.frombuffer(batch.report(), np.int64).reshape(n, 6)  # [R, 6]
-    reads, late = pool.emulated()
+    reads, late, _ = pool.emulated()
     pool.close()
     assert reads == n and late == 0
     return (rep[:, 2].max() - rep[:, 1].min()) / 1e9, (rep[:, 2] - rep[:, 1]) / 1e9

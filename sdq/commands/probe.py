@@ -256,7 +256,8 @@ def format_report(result, rec) -> str:
         e = result.emulation
         verdict = (
             f" (the emulation's source, {e['source_mb_s']:.0f} MB/s one stream; "
-            f"{e['late_reads']} of {e['reads']} reads arrived after their emulated end)"
+            f"{e['late_reads']} of {e['reads']} reads arrived after their emulated end, the "
+            f"others ended {e['mean_lag_us']:.0f} µs after it on average)"
         )
     elif result.cache_mode == "direct":
         verdict = " (O_DIRECT reads bypass it)"

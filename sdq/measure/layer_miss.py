@@ -85,6 +85,7 @@ class Row:
     times_ms: list[float] = field(default_factory=list)  # (repeat,) one per repetition, in order
     device: str = "native"  # this machine's device, or "emulated: <model name>"
     late_reads: int = 0  # under emulation: reads whose bytes came after their emulated end
+    mean_lag_us: float = 0.0  # under emulation: how long after its emulated end a read ended
 
     @property
     def label(self) -> str:
@@ -209,6 +210,7 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 times_ms=list(times[c]),
                 device="native" if emu is None else emu.label,
                 late_reads=emulated[1],
+                mean_lag_us=emulated[2] / max(emulated[0] - emulated[1], 1) / 1e3,
             )
         )
     for row_ in rows:

@@ -432,8 +432,9 @@ class PoolReader:
         self._pool.emulate(*model.c_params())
         self.keep_warm = True
 
-    def emulated(self) -> tuple[int, int]:
-        """(reads run under emulation, reads whose bytes arrived after their emulated end)."""
+    def emulated(self) -> tuple[int, int, int]:
+        """(reads run under emulation, reads whose bytes arrived after their emulated end, the
+        others' summed ns past it)."""
         return self._pool.emulated()
 
     def drop_cache(self) -> None:
@@ -835,8 +836,10 @@ def _sweep(result: ProbeResult, settings: ProbeSettings, path, fd, file_bytes, r
             _start_emulation(result, settings, reader, file_bytes, rng, say)
         _sweep_cells(result, settings, path, reader, file_bytes, rng, say)
         if settings.device_model is not None:
-            reads, late = reader.emulated()
-            result.emulation |= {"reads": reads, "late_reads": late}
+            reads, late, over_ns = reader.emulated()
+            held = max(reads - late, 1)
+            result.emulation |= {"reads": reads, "late_reads": late,
+                                 "mean_lag_us": over_ns / held / 1e3}  # fmt: skip
     finally:
         reader.close()
 

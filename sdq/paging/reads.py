@@ -372,10 +372,10 @@ class ExpertReader:
         os.fdatasync(self.fd)
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    def emulated(self) -> tuple[int, int]:
+    def emulated(self) -> tuple[int, int, int]:
         """(reads run under the emulated device, reads whose bytes came after their emulated
-        end): (0, 0) without one."""
-        return self.pool.emulated() if self.pool is not None else (0, 0)
+        end, the others' summed ns past it: workers woken late): zeros without one."""
+        return self.pool.emulated() if self.pool is not None else (0, 0, 0)
 
     def resident_fraction(self, offset: int, length: int) -> float:
         return _io.resident_fraction(self.fd, offset, length)
