@@ -77,9 +77,11 @@ test: kernel-cache
 # the memory plan and the sampler ([tool.mutmut] in pyproject.toml names them and the fast tests
 # each mutant runs against), one worker at low priority; tests/mutation/report.py writes the
 # scores and every survivor with its classification (tests/mutation/equivalent.toml) to
-# tests/mutation/REPORT.md. MUTANTS="sdq.run.sampler*" runs a subset.
+# tests/mutation/REPORT.md. MUTANTS="sdq.run.sampler*" runs a subset. Numba's workqueue threading
+# layer: mutmut forks a process per mutant, and Numba's OpenMP layer ends (SIGTERM) a forked child
+# whose parent already ran a parallel kernel.
 mutation: kernel-cache
-	nice -n 10 $(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
+	NUMBA_THREADING_LAYER=workqueue nice -n 10 $(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
 	$(PY) tests/mutation/report.py
 
 # Run every notebook with params/$(PARAMS).yaml into outputs/<notebook>/$(PARAMS)/, then docs/.
