@@ -89,6 +89,7 @@ def files(tmp_path_factory, tiny_model):
     (root / "noise.gguf").write_bytes(os.urandom(4096))
     (root / "latin1.txt").write_bytes("caf\xe9 \xff\xfe".encode("latin-1"))
     (root / "out").mkdir()
+    os.mkfifo(root / "fifo")  # no writer: opening it for reading would wait forever
     (root / "scratch").mkdir()
     return {
         "model": str(root / "model.gguf"),
@@ -98,6 +99,7 @@ def files(tmp_path_factory, tiny_model):
         "noise": str(root / "noise.gguf"),
         "latin1": str(root / "latin1.txt"),
         "missing": str(root / "absent" / "x.gguf"),
+        "fifo": str(root / "fifo"),
         "out": str(root / "out"),
         "root": root,
     }
@@ -150,6 +152,7 @@ def values_for(action: argparse.Action, f: dict) -> list[str]:
     """Hostile values for one flag, from its declared type and choices."""
     texts = ["", "-", "--", "a\nb", "\udcff\udcfe", "\ud800", "é" * 3, ",", "1,,2", "0,-1"]
     paths = [f[k] for k in ("dir", "empty", "noise", "latin1", "missing", "model", "trace")]
+    paths += [f["fifo"]]
     paths += ["/dev/null", "/dev/zero", "/proc/self/mem", "/", "\udcff.gguf"]
     if action.choices:
         return [*map(str, action.choices), *texts, "ALL"]

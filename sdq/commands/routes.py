@@ -17,6 +17,7 @@ import sys
 from sdq.commands import finite_float
 from sdq.errors import ParamsError
 
+MAX_INT = 2**31 - 1  # counts the simulations' compiled kernels take
 DEFAULT_POLICIES = "lru,fifo,lfu,lrfu,pin,admit,belady,belady_bypass"
 
 
@@ -27,8 +28,8 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected integers in 1..{MAX_INT}, got {text!r}")
     return values
 
 
@@ -108,9 +109,10 @@ def _simulate(args) -> int:
     for p in policies:
         if p not in TRACE_POLICIES:
             raise ParamsError(f"unknown policy {p!r} (known: {', '.join(TRACE_POLICIES)})")
-    if args.min_hits < 1 or args.half_life <= 0:
+    if not 1 <= args.min_hits <= MAX_INT or args.half_life <= 0:
         raise ParamsError(
-            f"--min-hits must be >= 1 and --half-life > 0, got {args.min_hits}, {args.half_life}"
+            f"--min-hits must be in 1..{MAX_INT} and --half-life > 0, got {args.min_hits}, "
+            f"{args.half_life}"
         )
     E, K = trace.n_expert, trace.top_k
     slots = args.slots or sorted({K, max(K, E // 4), max(K, E // 2), E})
@@ -148,8 +150,8 @@ def _stats(args) -> int:
     from sdq.analysis.trace import phase_blocks
 
     trace, phase = _load(args)
-    if args.window < 1:
-        raise ParamsError(f"--window must be >= 1, got {args.window}")
+    if not 1 <= args.window <= MAX_INT:
+        raise ParamsError(f"--window must be in 1..{MAX_INT}, got {args.window}")
     blocks = phase_blocks(trace, phase)
     top = max(1, trace.n_expert // 4)
     pop = layer_popularity(blocks, trace.n_expert, top, trace.layer_ids)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,8 +201,11 @@ def read_header(path: str | os.PathLike) -> Header:
     """Parse a GGUF file's header. GGUFError (or UnsupportedError) with a one-line message."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        with open(path, "rb", opener=_open_nonblocking) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):  # a FIFO, a device: never wait on one
+                raise GGUFError(f"{path}: not a regular file")
+            size = st.st_size
             if size < 4:
                 raise GGUFError(f"{path}: not a GGUF file (only {size} bytes)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -224,6 +228,11 @@ def read_header(path: str | os.PathLike) -> Header:
             f"{path}: truncated GGUF header: {s.what} needs {s.need} bytes at offset {s.offset},"
             f" file is {size} bytes"
         ) from None
+
+
+def _open_nonblocking(path, flags: int) -> int:
+    """os.open that returns at once for a FIFO with no writer (a plain open waits for one)."""
+    return os.open(path, flags | os.O_NONBLOCK)
 
 
 def _parse(path: Path, buf, size: int) -> Header:

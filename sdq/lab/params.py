@@ -13,6 +13,8 @@ have, or a value whose type differs from the notebook's default.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,8 +110,11 @@ def read_yaml(path: str | Path, shown: str | None = None) -> Any:
 
     shown = shown or str(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)  # not all of /dev/zero
+        # O_NONBLOCK: a FIFO with no writer is refused below instead of waited on
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ParamsError(f"{shown}: not a regular file")
+            raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
         raise ParamsError(f"{shown}: cannot read ({exc.strerror})") from None
     if len(raw) > MAX_YAML_BYTES:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,8 +65,11 @@ def load_io_profile(path: str | os.PathLike) -> IOProfile:
     """Read and check an I/O profile written by `sdq probe --profile-out`."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_PROFILE_BYTES + 1)  # not all of /dev/zero
+        # O_NONBLOCK: a FIFO with no writer is refused instead of waited on
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ParamsError(f"I/O profile {path}: not a regular file")
+            text = f.read(MAX_PROFILE_BYTES + 1)
         if len(text) > MAX_PROFILE_BYTES:
             raise ParamsError(f"I/O profile {path}: larger than {MAX_PROFILE_BYTES} bytes")
         data = json.loads(text.decode("utf-8"))

@@ -16,11 +16,14 @@ from sdq.units import MB
 
 def _int_list(text: str) -> list[int]:
     try:
-        return [int(v) for v in text.split(",") if v]
+        values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
+        values = []
+    if not values or min(values) < 1 or max(values) > 2**31 - 1:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+            f"expected comma-separated integers in 1..{2**31 - 1}, got {text!r}"
+        )
+    return values
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
