@@ -142,3 +142,65 @@ def test_import_sdq_is_light():
     code = "import sys, sdq; print(sorted({'numba', 'numpy', 'jinja2'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_without_a_template_messages_are_raw_text(model):
+    template, model.chat_template = model.chat_template, None
+    try:
+        chat = model.chat(system="A. ")
+        first = chat.send("B", n=2)
+        assert first.prompt_ids == model.tokenizer.encode("A. B")
+    finally:
+        model.chat_template = template
+
+
+def _cnv(tiny_model, *extra):
+    cmd = [sys.executable, "-m", "sdq", "chat", "-m", str(tiny_model), "-cnv", "--temp", "0"]
+    cmd += ["--resident", "-t", "2", *extra]
+    return subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_interactive_chat_reads_turns_until_exit(tiny_model, model):
+    proc = _cnv(tiny_model, "-n", "4", "-c", "256", "--system", "Be brief.")
+    out, err = proc.communicate("Hello\nAnd then?\n/exit\nnever read\n", timeout=120)
+    assert proc.returncode == 0, err
+    chat = model.chat(system="Be brief.")
+    replies = [chat.send("Hello", n=4).text, chat.send("And then?", n=4).text]
+    assert out == f"> {replies[0]}\n> {replies[1]}\n> "
+    eof = _cnv(tiny_model, "-n", "2", "-c", "256", "-p", "Hello")
+    out, err = eof.communicate("", timeout=120)  # the prompt is the first turn; EOF quits
+    assert eof.returncode == 0 and out.startswith(model.chat().send("Hello", n=2).text), err
+
+
+def test_ctrl_c_stops_the_reply_not_the_program(tiny_model):
+    """A reply of 2000 tokens (~25 s here) is interrupted after its first characters; the
+    program then reads the next line and quits on /exit within seconds."""
+    import os
+    import select
+    import signal
+    import time
+
+    proc = _cnv(tiny_model, "-n", "2000", "-c", "2100", "--ignore-eos")
+    proc.stdin.write("Talk\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 60
+    seen = b""
+    while len(seen) < 6:  # "> " and some of the reply
+        assert time.monotonic() < deadline and proc.poll() is None
+        if select.select([proc.stdout], [], [], 0.1)[0]:
+            seen += os.read(proc.stdout.fileno(), 4096)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.stdin.write("/exit\n")
+    proc.stdin.flush()
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert time.monotonic() - t0 < 8.0
+
+
+def test_interactive_chat_prints_no_json(tiny_model, capsys):
+    from sdq.cli import main
+
+    assert main(["chat", "-m", str(tiny_model), "-cnv", "--json"]) == 2
+    assert "-cnv is interactive" in capsys.readouterr().err
