@@ -317,3 +317,45 @@ def test_layer_lrfu_prefetch_ranks_victims_from_the_layer_being_computed(model):
         assert cache.prefetch(t.layers[1], [7]) == 1
         assert cache.cached(t.layers[2]) == [3]
         assert len(cache.cached(t.layers[0])) == 1
+
+
+def test_streamed_prefetches_used_and_unused(model):
+    """lrfu_bypass with one prefetch slot: a prefetch the next acquire requests is a prefetch
+    hit read once; one it does not request is dropped as unused and its slot comes back."""
+    t = model.experts
+    L0, L1 = t.layers[0], t.layers[1]
+    with _cache(model, 6, policy="lrfu_bypass", prefetch=1) as cache:  # 3 streaming, 3 cache
+        assert cache.prefetch(L1, [4]) == 1
+        assert cache.stats["streamed"] == 1
+        h = cache.acquire(L1, [4, 5])
+        assert h.hits == (False, False)
+        _check(model, h)
+        cache.release(h)
+        s = cache.stats
+        assert (s["prefetches"], s["prefetch_hits"], s["prefetch_unused"]) == (1, 1, 0)
+        assert s["misses"] == 2 and s["streamed"] == 0
+        size = int(t.nbytes[1].sum(axis=1)[0])
+        assert s["expert_bytes_read"] == 2 * size and s["prefetch_bytes_read"] == size
+        assert cache.prefetch(L0, [6]) == 1
+        h = cache.acquire(L0, [7])  # 6 not requested: a wrong guess
+        _check(model, h)
+        cache.release(h)
+        s = cache.stats
+        assert (s["prefetches"], s["prefetch_hits"], s["prefetch_unused"]) == (2, 1, 1)
+        assert s["streamed"] == 0
+
+
+def test_lookup_bytes_of_experts_of_different_sizes(tmp_path):
+    """A layer whose experts differ in size: the all-miss bytes are summed expert by expert."""
+    m = make_model(tmp_path / "sizes.bin", n_layers=2, n_expert=8, k=2)
+    m.experts.nbytes[0, 3, :] -= 2  # expert 3 of the first layer reads 6 bytes less
+    sizes = m.experts.nbytes.sum(axis=2)  # [L, E]
+    layer = m.experts.layers[0]
+    with _cache(m, 4) as cache:
+        for ids in ([3, 1], [3], [2, 0]):
+            cache.release(cache.acquire(layer, ids))
+        s = cache.stats
+    want = int(2 * sizes[0, 3] + sizes[0, 1] + sizes[0, 2] + sizes[0, 0])
+    assert s["lookup_expert_bytes"] == want
+    assert s["expert_bytes_read"] == want - int(sizes[0, 3])
+    assert int(sizes[0, 3]) == int(sizes[0, 1]) - 6
