@@ -634,3 +634,16 @@ def test_parameter_files_that_are_not_yaml_text(tmp_path, capsys, tiny_model):
             capsys,
             tmp_path,
         )
+
+
+def test_a_failed_run_leaves_the_route_log_path_as_it_was(files, tmp_path, capsys):
+    """The route log is written beside its path and renamed over it only when the run ends
+    well: a run that dies (here: stopped at its first generation step) changes nothing."""
+    log = tmp_path / "routes.jsonl"
+    log.write_text("the previous log\n")
+    argv = ["chat", "-m", files["model"], "-p", "hi", *BUDGET, "--route-log", str(log)]
+    with pytest.raises(Accepted), work_stopped():
+        main(argv)
+    capsys.readouterr()
+    assert log.read_text() == "the previous log\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["routes.jsonl"]
