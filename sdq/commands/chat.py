@@ -87,7 +87,7 @@ def _keep_decode_routes(session):
     O(decode tokens x layers x K) ids; None for a resident run."""
     if session.settings.resident:
         return None
-    from sdq.measure.ceiling import DecodeRoutes
+    from sdq.measure.optimum import DecodeRoutes
 
     routes = DecodeRoutes(session.experts, session.engine.route_log)
     session.engine.route_log = routes
@@ -161,7 +161,7 @@ def _converse(m, args, first: str) -> int:
         if text is None:
             try:
                 text = input("> ")
-            except (EOFError, KeyboardInterrupt):
+            except (EOFError, KeyboardInterrupt, OSError):  # OSError: no readable input
                 print()
                 return 0
         if text.strip() == "/exit":
