@@ -9,10 +9,10 @@
         chat.send("Hello").text
         m.stats()  # the last run's figures, as `sdq chat --json` reports them
 
-The settings are `sdq chat`'s run flags under their RunSettings names (n_ctx, n_ubatch, threads,
-n_predict, temp, top_k, top_p, seed, stop_at_eos, reserve_mb, max_slots, io_threads, io_mode,
-io_split, io_profile, cache_mode, cache_policy, prefetch_next, resident, route_log), with the
-same defaults and the same checks; a misspelt or mistyped one is a ParamsError. The Model and its
+The settings are `sdq chat`'s run flags under their names in sdq.run.settings.RunSettings and
+SamplerSettings (n_ctx, n_ubatch, threads, n_predict, temp, top_k, top_p, seed, stop_at_eos,
+reserve_mb, max_slots, io_threads, io_mode, cache_policy, resident, route_log, ...), with the same
+defaults and the same checks; a misspelt or mistyped one is a ParamsError. The Model and its
 methods are sdq.run.runtime's.
 """
 

@@ -48,9 +48,8 @@ class ChatTemplate:
         def token(i):
             return tokenizer.tokens[i] if i is not None else ""
 
-        template = cls(text, token(tokenizer.bos_id), token(tokenizer.eos_id), where)
-        _ = template._compiled  # a syntax error is reported at load, not at the first message
-        return template
+        # compiled at the first render: a broken template fails chat use only, not raw text
+        return cls(text, token(tokenizer.bos_id), token(tokenizer.eos_id), where)
 
     @cached_property
     def _compiled(self):
