@@ -164,6 +164,9 @@ class Job:
         except SdqError as exc:
             self.post("error", 500, error_body(str(exc), kind="server_error"))
             return
+        except Exception as exc:  # a bug: this request fails, the server goes on
+            self.post("error", 500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
+            return
         finally:
             events.close()
         stops = model.tokenizer.stop_ids if model.settings.stop_at_eos else frozenset()
