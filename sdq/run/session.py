@@ -139,8 +139,8 @@ class Session:
         reader = getattr(self.experts, "reader", None)
         device = getattr(getattr(reader, "io", None), "device", None)
         fig["device"] = "native" if device is None else device.label
-        if device is not None:  # reads whose bytes arrived after their emulated end
-            fig["late_reads"] = reader.emulated()[1]
+        if device is not None:  # reads run, and those whose bytes came after their emulated end
+            fig["emulated_reads"], fig["late_reads"] = reader.emulated()[:2]
         fig["prefetch_next"] = self.prefetch_next
         fig["expert_cache"] = dict(getattr(self.experts, "stats", {}) or {})
         return fig

@@ -91,6 +91,10 @@ class Settings:
     cache_mode: str = "dontneed"  # how the pager reads (`sdq chat --cache-mode`)
     file_cache: str = "dropped"  # the model file's pages before each run: dropped or warm
     cold_wait_s: float = 30.0  # keep dropping the file's pages this long if another process holds
+    # a device model file (sdq.paging.device_model): the "cold" runs read through it instead
+    # (`sdq chat --device-model`: the file warm in the page cache, every expert read held until
+    # the modelled device would finish it); "": this machine's device
+    device_model: str = ""
     profile_all: bool = True  # every I/O-suite chat also reports its op profile (--profile)
     # io, threads (T4)
     serial_io_threads: int = 8
@@ -428,6 +432,10 @@ class SuiteBuilder:
         cache_mode, file_cache = (
             (s.cache_mode, s.file_cache) if cache == "cold" else ("pagecache", "warm")
         )
+        device = ()
+        if s.device_model and cache == "cold":  # the emulated device's source: the page cache
+            cache_mode, file_cache = "pagecache", "warm"
+            device = ("--device-model", s.device_model)
         args = _chat_common(self.model, s) + [
             "--max-slots",
             str(slots),
@@ -440,6 +448,7 @@ class SuiteBuilder:
             "--cache-mode",
             cache_mode,
             *(("--prefetch-next", "0") if prefetch == "off" else ()),
+            *device,
             *extra,
         ]
         if s.profile_all and "--profile" not in args:
