@@ -69,9 +69,13 @@ class Model:
         self.session = Session(settings)
         self.settings = settings
         tok = self.tokenizer = self.session.tokenizer  # sdq.format.tokenizer.Tokenizer
-        self.chat_template = ChatTemplate.of(
-            self.session.model.metadata, tok, where=str(settings.model)
-        )
+        try:
+            self.chat_template = ChatTemplate.of(
+                self.session.model.metadata, tok, where=str(settings.model)
+            )
+        except BaseException:
+            self.session.close(completed=False)
+            raise
         self._last = None  # sdq.run.generate.Generation of the last finished run
         self._busy = False
         self._owner = None  # the Chat whose conversation the KV cache holds
