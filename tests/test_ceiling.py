@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from sdq.cli import main
-from sdq.measure.ceiling import DecodeRoutes, optimal_cost, run_report, token_time
+from sdq.measure.ceiling import run_report
+from sdq.measure.optimum import DecodeRoutes, optimal_cost, token_time
 from sdq.run.session import Session
 from sdq.run.settings import RunSettings
 

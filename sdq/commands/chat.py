@@ -87,7 +87,7 @@ def _keep_decode_routes(session):
     O(decode tokens x layers x K) ids; None for a resident run."""
     if session.settings.resident:
         return None
-    from sdq.measure.ceiling import DecodeRoutes
+    from sdq.measure.optimum import DecodeRoutes
 
     routes = DecodeRoutes(session.experts, session.engine.route_log)
     session.engine.route_log = routes

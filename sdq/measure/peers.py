@@ -714,15 +714,23 @@ class _SdqChild:
             return forward(*a, **kw)
 
         engine.forward = timed_forward
+        routes = None
+        if not self.run_settings.resident:  # decode routing kept for the optimum
+            from sdq.measure.optimum import DecodeRoutes
+
+            routes = engine.route_log = DecodeRoutes(self.session.experts, engine.route_log)
         gs = GenerateSettings(n_predict=n, sampler=self.run_settings.sampler, stop_at_eos=False)
         io_begin = read_proc_io()
         try:
             g = generate(engine, self.session.tokenizer, list(self.settings.prompt_ids), gs)
         finally:
             engine.forward = forward
+            if routes is not None:
+                engine.route_log = routes.inner
         io_end = read_proc_io()
         f = self.session.figures(g)
         return {
+            **_limits_figures(f, g, routes),
             "io_begin": io_begin,
             "io_decode": marks.get("io_decode", io_end),
             "io_end": io_end,
@@ -743,6 +751,27 @@ class _SdqChild:
 
     def close(self) -> None:
         self.session.close()
+
+
+def _limits_figures(figures: dict, g, routes) -> dict:
+    """A paged run's pager against the best cache on its decode, and its token time split
+    (sdq.measure.optimum), as flat numbers for the rows; {} for a resident run."""
+    if routes is None or not figures.get("n_decode"):
+        return {}
+    from sdq.measure.optimum import optimum_report, token_time
+
+    opt = optimum_report(routes)
+    tt = token_time(figures, g.profile["decode"])
+    keep = ("cache_slots", "pager_misses", "optimum_misses", "misses_vs_optimum")
+    out = {k: v for k, v in asdict(opt).items() if k in keep}
+    out["pager_expert_mb"] = opt.pager_expert_bytes / MB
+    out["optimum_expert_mb"] = opt.optimum_expert_bytes / MB
+    out["bytes_vs_optimum"] = opt.bytes_vs_optimum
+    out["bytes_optimum_exact"] = int(opt.bytes_optimum_exact)
+    # "time_" keys: the child drops keys starting "io_" from what it reports
+    out["time_total_ms"] = tt.total_ms
+    out.update({f"time_{k}": v for k, v in tt.parts.items()})
+    return out
 
 
 class _LlamaChild:
