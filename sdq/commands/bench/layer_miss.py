@@ -61,8 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from sdq.errors import ParamsError
     from sdq.measure.layer_miss import CACHE_NOTES, LayerMissSettings, measure_layer_miss
 
+    if not any(m.strip() for m in args.mode.split(",")):
+        raise ParamsError(f"--mode {args.mode!r}: expected a comma list of {', '.join(MODES)}")
     settings = LayerMissSettings(
         misses=tuple(args.misses),
         modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
