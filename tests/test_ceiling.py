@@ -118,6 +118,10 @@ def test_optimum_never_above_the_pager(tiny_model, slots, policy, prefetch):
         assert opt["policy"] == policy
         assert opt["lookups"] == stats["lookups"] == g.figures["n_decode"] * 2 * K  # 2 layers
         assert opt["cache_slots"] == session.plan.slot_split.cache
+        if policy == "lrfu_bypass":  # K streaming slots for bypassed misses + the prefetch width
+            assert opt["cache_slots"] == slots - K - session.prefetch_next
+        else:
+            assert opt["cache_slots"] == slots
         assert 0 < opt["optimum_misses"] <= opt["pager_misses"]
         assert opt["optimum_expert_bytes"] <= opt["pager_expert_bytes"]
         sizes = routes.key_bytes()  # [M]

@@ -87,7 +87,8 @@ def optimal_cost(
     start to the key's first lookup, a slot it held from the start (one hit). The flow may
     also let a held key go before a lookup that would have been a hit and give its slot to
     another key of that lookup's group, which a real cache cannot (the hit pins it). Counting
-    misses, that never pays (tests/test_ceiling.py checks the result against a brute force).
+    misses, that trades one hit for another; tests/test_ceiling.py finds the result equal to a
+    brute force over every cache content on random small cases.
 
     With `key_bytes` (int64 [M]) a miss costs its key's bytes and the result is the flow's
     fewest bytes: a lower bound on what any cache reads, exact when every key has the same
