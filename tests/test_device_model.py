@@ -197,3 +197,30 @@ def test_probe_refuses_a_model_faster_than_its_source(tmp_path, capsys):
     assert "can only slow reads down" in err and err.count("\n") == 1
     assert main([*args[:3], "--cache-mode", "dontneed", *args[3:]]) == 2
     assert "does not apply" in capsys.readouterr().err
+
+
+def test_hostile_paths_are_one_line_errors(tmp_path, capsys):
+    """Tables, models and destinations that are not regular files: one line, exit 2 (a FIFO
+    would block a plain open, /dev/zero never ends)."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    out = str(tmp_path / "m.json")
+    for argv in (
+        ["device", "from-table", str(fifo), "-o", out],
+        ["device", "from-table", "/dev/zero", "-o", out],
+        ["device", "from-table", str(tmp_path), "-o", out],
+        ["device", "from-table", str(SEED_CSV), "-o", "/"],
+        ["device", "from-table", str(SEED_CSV), "-o", str(tmp_path)],
+        ["device", "from-table", str(SEED_CSV), "-o", str(tmp_path / "no" / "m.json")],
+        ["device", "show", str(fifo)],
+        ["device", "show", str(SEED_CSV)],
+        ["probe", "--device-model", str(fifo)],
+        ["probe", "--device-model", "/dev/zero"],
+        ["probe", "--fit-out", str(tmp_path), "--threads", "1"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "m.json").exists()

@@ -87,10 +87,8 @@ def run(args) -> int:
     from sdq.paging import device_model
 
     if args.device_command == "from-table":
+        out = device_model.check_destination(args.out, "-o")
         cells = device_model.read_table(args.table)
-        out = args.out
-        if not out.resolve().parent.is_dir():
-            raise ParamsError(f"-o {out}: directory {out.resolve().parent} does not exist")
         name = args.name or out.stem
         model = device_model.fit(cells, name=name, source=table_source(args.table))
         device_model.save(model, out)

@@ -341,7 +341,9 @@ def run(args) -> int:
             "a PATH"
         )
     if args.fit_out is not None:
-        _check_out_dir(args.fit_out, "--fit-out")
+        from sdq.paging.device_model import check_destination
+
+        check_destination(args.fit_out, "--fit-out")
     profile_out = profile_destination(args, settings)
 
     def progress(msg: str) -> None:
@@ -392,7 +394,6 @@ def fit_out(args, result):
         return None
     from sdq.paging import device_model
 
-    _check_out_dir(args.fit_out, "--fit-out")
     name = args.fit_out.stem
     what = result.storage_label
     source = f"sdq probe, cache mode {result.cache_mode}, {what}"

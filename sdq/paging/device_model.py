@@ -44,6 +44,7 @@ import io
 import json
 import math
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -297,6 +298,19 @@ def cells_from_probe(levels, small=()) -> list[TableCell]:
 # ---------------------------------------------------------------------------- JSON
 
 
+def check_destination(path: str | Path, flag: str) -> Path:
+    """`path` if a model can be written there (ParamsError naming `flag` if not)."""
+    path = Path(path)
+    if not path.name or path.is_dir() or (path.exists() and not path.is_file()):
+        raise ParamsError(f"{flag} {path}: not a file to write")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise ParamsError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ParamsError(f"{flag} {path}: directory {parent} is not writable")
+    return path
+
+
 def save(model: DeviceModel, path: str | Path) -> Path:
     try:
         return files.write_json(Path(path), asdict(model))
@@ -339,6 +353,8 @@ def resolve(spec: str | None) -> DeviceModel | None:
 
 def _read_text(path: Path, limit: int, what: str) -> str:
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device never end
+            raise ParamsError(f"{what} {path}: not a regular file")
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except FileNotFoundError:
@@ -347,6 +363,8 @@ def _read_text(path: Path, limit: int, what: str) -> str:
         raise ParamsError(f"{what} {path}: is a directory") from None
     except OSError as exc:
         raise ParamsError(f"{what} {path}: {exc.strerror}") from None
+    except ValueError:  # a NUL in the name
+        raise ParamsError(f"{what} {path!r}: not a file name") from None
     if len(data) > limit:
         raise ParamsError(f"{what} {path}: larger than {limit} bytes")
     try:
