@@ -11,6 +11,8 @@
     checksums.py per-expert checksums of the file's bytes (`--verify`)
     route_log.py the route log (`--route-log`): JSON lines of the router's choices
     io_profile.py the I/O settings a probe recommends (`sdq probe --profile-out`)
+    device_model.py storage device models (`--device-model`): fitted from a probe or a table,
+                 replayed by the read pool (emulation)
 
 "cache" in this folder means the expert cache (slots of the arena), never the OS page cache,
 which is named `page cache` and set by `cache_mode`.
