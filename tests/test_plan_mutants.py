@@ -19,6 +19,7 @@ from sdq.run.plan import (
     plan_for_slots,
     plan_memory,
     prefill_workers,
+    process_now,
     thread_stack_bytes,
     transient_bytes,
 )
@@ -219,6 +220,20 @@ def test_rows_of_the_table(model):
     assert rows["expert arena"][1].startswith(f"{plan.slots} slots x ")
     assert rows["left over"][0] == plan.left_bytes / MIB
     assert rows["budget"] == (256.0, f"minimum {plan.min_budget_bytes / MIB:.1f} MB")
+    stacks = 3 * (thread_stack_bytes() + THREAD_EXTRA_BYTES)
+    assert rows["process now"][1] == (
+        f"the larger of resident 20.0 and data segment 0.0 + 3 thread stacks to start "
+        f"{stacks / MIB:.1f}; runtime started"
+    )
+    assert rows["dense weights"][1] == "resident, anonymous memory"
+    assert rows["transient arrays"][1] == "per op, and the run's objects"
+    assert rows["pager buffers"] == (plan.pager_bytes / MIB, "8 I/O thread stacks")
+    assert rows["reserve"] == (8.0, "head room")
+    assert rows["left over"] == (plan.left_bytes / MIB, "less than one slot")
+    assert rows["expert arena"][1] == (
+        f"{plan.slots} slots x {plan.slot_bytes / MIB:.3f} MB (pagecache); "
+        f"policy {plan.slot_split.policy}: {plan.slots} cache"
+    )
     split_note = rows["expert arena"][1].split("; ")[1]
     assert split_note.startswith("policy ")
     bypass = plan_memory(model, 64, cache=CacheSettings(policy="lrfu_bypass"), **KW)
@@ -232,5 +247,40 @@ def test_plan_for_slots_counts_nothing_else(model):
     assert plan.ram_budget_bytes == 5 * (plan.slot_bytes + SLOT_META_BYTES)
     assert plan.left_bytes == 0 and plan.min_slots == 2
     assert plan.cache_mode == "pagecache" and plan.align == 64
+    assert (plan.n_ctx, plan.n_ubatch, plan.io_threads, plan.compute_threads) == (0, 0, 0, 1)
+    assert plan.process_bytes == plan.thread_bytes == plan.pager_bytes == 0
     assert plan_for_slots(model, 5, cache_mode="dontneed").cache_mode == "dontneed"
     assert plan_for_slots(model, 5, cache_mode="direct").slot_bytes % 4096 == 0
+
+
+def _status_kib() -> tuple[int, int]:
+    """(VmRSS, VmData) in KiB, read here from /proc/self/status."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            fields[name] = rest.split()[0] if rest.split() else ""
+    return int(fields["VmRSS"]), int(fields["VmData"])
+
+
+def test_process_now_reads_resident_and_data_from_proc():
+    """Within 32 KiB of the kernel's own figures read just before and after (a process bigger
+    than 32 MiB, so a slip of one part in a thousand shows)."""
+    before = _status_kib()
+    now = process_now()
+    after = _status_kib()
+    for got, lo, hi in zip((now.resident, now.data), before, after, strict=True):
+        assert min(lo, hi) * 1024 - 32768 <= got <= max(lo, hi) * 1024 + 32768
+    assert now.data > now.resident > 32 * MIB  # VmData counts untouched mappings too
+
+
+def test_process_now_without_proc_uses_psutil(monkeypatch):
+    import psutil
+
+    import sdq.proc
+
+    monkeypatch.setattr(sdq.proc, "proc_status_kib", lambda path, keys: {})
+    now = process_now()
+    rss = psutil.Process().memory_info().rss
+    assert now.resident == now.data
+    assert abs(now.resident - rss) < 8 * MIB
