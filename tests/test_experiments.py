@@ -473,3 +473,42 @@ def test_reserve_suite_turns_the_seeds_three_reserves_into_slot_counts(tiny_mode
         (0.0, "cgroup"),
     ]
     assert [c.label for c in b.reserve()] == [c.label for c in arms + seeds]
+
+
+def test_budget_suite_spans_the_plans_minimum_to_every_expert_at_each_reserve(tiny_model, tmp_path):
+    """T10_budgets: `budget_steps` budgets per reserve, the first the plan's minimum + 1 MiB (a
+    budget the plan accepts; a little over 1 MiB less it refuses), increasing, each run capped
+    at its budget by `budget_limit`; the tiny file is smaller than the process, so the sweep
+    ends where every routed expert has a slot."""
+    from sdq.errors import PlanError
+    from sdq.run.plan import plan_memory
+
+    b = _memory_builder(tiny_model, tmp_path, budget_steps=4, budget_reserves=(0.0, 10.0))
+    configs = b.budgets()
+    assert len(configs) == 8
+    for reserve, group in ((0.0, configs[:4]), (10.0, configs[4:])):
+        budgets = [_flag(c, "--ram-budget-mb") for c in group]
+        assert budgets == sorted(budgets) and len(set(budgets)) == 4
+        for c in group:
+            assert _flag(c, "--reserve-mb") == reserve
+            assert c.limit.method == "cgroup" and c.limit.limit_mb == pytest.approx(
+                _flag(c, "--ram-budget-mb"), abs=1e-3
+            )
+
+        def plan(budget, reserve=reserve):
+            return plan_memory(
+                b.m,
+                budget,
+                1024,
+                b.s.ubatch,
+                reserve_mb=reserve,
+                rss_now=b.cal.process,
+                cache_mode=b.s.cache_mode,
+                io_threads=3 * b.s.threads,
+                compute_threads=b.s.threads,
+            )
+
+        assert plan(budgets[0]).slots >= plan(budgets[0]).min_slots
+        with pytest.raises(PlanError):
+            plan(budgets[0] - 1.01)
+        assert plan(budgets[-1]).slots >= b.cal.n_experts

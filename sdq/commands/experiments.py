@@ -4,7 +4,7 @@ Runs a suite (or all of them): each configuration a fresh `sdq` subprocess, conf
 alternating within each repeat, each finished run appended to DIR/<suite>.jsonl at once, so the
 same command resumes an interrupted sweep. Prints each suite's medians and spread and writes
 them to DIR/<suite>.md. Settings come from the parameter file's `03_io_ab` section (I/O suites)
-and `04_memory_sweep` section (memory, reserve), then from the flags.
+and `04_memory_sweep` section (memory, reserve, budgets), then from the flags.
 """
 
 from __future__ import annotations
@@ -14,8 +14,18 @@ import argparse
 from sdq.measure.limits import METHODS
 from sdq.paging.reads import CACHE_MODES
 
-SUITE_CHOICES = ("io", "threads", "split", "memory", "reserve", "layer-miss", "profile", "all")
-MEMORY_SUITES = ("memory", "reserve")
+SUITE_CHOICES = (
+    "io",
+    "threads",
+    "split",
+    "memory",
+    "reserve",
+    "budgets",
+    "layer-miss",
+    "profile",
+    "all",
+)
+MEMORY_SUITES = ("memory", "reserve", "budgets")
 SECTIONS = {"io": "03_io_ab", "memory": "04_memory_sweep"}
 
 

@@ -10,6 +10,8 @@
     reserve     T10  the seed's three reserves at a fixed budget: slots, peak RSS vs budget,
                      tok/s (000 §5.2, §6), and the seed's sizing at reserve 0 and at the
                      reserve that just fits
+    budgets     T10  the plan's sizing at budgets from the plan's minimum to the model file's
+                     size, each run in a cgroup capped at its budget (does the budget hold?)
 Notebook 04 also runs, through `run_sweep`, the paired runs its verdicts need:
 `memory_need` (the data segment the seed's sizing reaches with no limit), `ubatch_pairs`
 (prefill at two ubatches) and `arena_arms` (the three reserves of T10, repeated).
@@ -60,7 +62,7 @@ from sdq.measure.limits import METHODS, MemoryLimit
 from sdq.paging.reads import CACHE_MODES, MODES
 from sdq.units import MIB
 
-SUITES = ("layer-miss", "io", "threads", "split", "profile", "memory", "reserve")
+SUITES = ("layer-miss", "io", "threads", "split", "profile", "memory", "reserve", "budgets")
 ROTATED_SUITES = ("io", "threads", "split", "profile")  # order rotated by one each repeat
 PREFETCH = ("off", "on")  # off: --prefetch-next 0; on: the engine's default
 PAGE_CACHE = ("cold", "warm")  # the split suite's page-cache conditions (see the docstring)
@@ -124,6 +126,12 @@ class Settings:
     long_prompt_repeat: int = 24  # the memory suite's prompt: `prompt` this many times
     memory_n_predict: int = 4
     operating_fraction: float = 0.5  # T10: arena slots / all experts at the 900 MB analog
+    # budgets: budget_steps budgets from the plan's minimum (+1 MiB) to the file's size, at
+    # each reserve of budget_reserves, under budget_limit
+    budget_steps: int = 8
+    budget_n_predict: int = 8  # generated tokens per run of the budget sweep
+    budget_reserves: tuple[float, ...] = (0.0, 10.0)
+    budget_limit: str = "cgroup"
 
     @classmethod
     def from_mapping(cls, m: dict, strict: bool = True) -> Settings:
@@ -171,6 +179,12 @@ class Settings:
             ),
             (len(self.pair_ubatches) == 2, f"pair_ubatches {self.pair_ubatches}: two ubatches"),
             (self.repeat >= 1, f"repeat {self.repeat}: >= 1"),
+            (0 <= self.budget_steps <= 200, f"budget_steps {self.budget_steps}: 0..200"),
+            (
+                all(0 <= r <= 1e6 for r in self.budget_reserves),
+                f"budget_reserves {self.budget_reserves}: MB in 0..1e6",
+            ),
+            (self.budget_limit in METHODS, f"budget_limit {self.budget_limit!r}: {METHODS}"),
             (self.n_predict >= 2, f"n_predict {self.n_predict}: >= 2 (one decode step)"),
             (
                 set(self.profile_io_modes) <= set(PROFILE_IO_MODES),
@@ -250,9 +264,10 @@ def _calibration_run(model: str, s: Settings, m) -> dict:
     from sdq.run.workspace import workspace_bytes
 
     ws = sum(workspace_bytes(m.spec, s.ctx, s.ubatch, s.threads).values())
-    # a budget that leaves ~600 MiB beyond the model's fixed terms, whatever the RSS
+    # a budget that leaves ~600 MiB beyond the model's fixed terms, whatever the RSS: the
+    # machine's RAM (chat refuses a budget above it), the reserve taking the rest
     fixed_mb = (m.dense_bytes + ws) / MIB
-    budget = 100_000.0
+    budget = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // MIB)
     reserve = budget - fixed_mb - 600
     cmd = [sys.executable, "-m", "sdq", *_chat_common(model, s, n_predict=2, ubatch=s.ubatch)]
     cmd += [f"--ram-budget-mb={budget}", f"--reserve-mb={reserve:.3f}"]
@@ -733,6 +748,56 @@ class SuiteBuilder:
             )
             for r, method in rows
         ]
+
+    def budget_points(self, reserve_mb: float) -> list[float]:
+        """The budgets (MiB) of the budget sweep at one reserve: `budget_steps` of them, evenly
+        from the plan's minimum + 1 MiB (the smallest budget chat accepts) to the model file's
+        size (when the file is smaller than the process: to the minimum plus a slot for every
+        routed expert)."""
+        from sdq.run.plan import plan_memory
+
+        s = self.s
+        plan = plan_memory(
+            self.m,
+            1e7,
+            s.memory_ctx,
+            s.ubatch,
+            reserve_mb=reserve_mb,
+            rss_now=self.cal.process,
+            cache_mode=s.cache_mode,
+            io_threads=3 * s.threads,
+            compute_threads=s.threads,
+        )
+        low = plan.min_budget_bytes / MIB + 1.0
+        high = self.cal.model_bytes / MIB
+        if high <= low:  # a file smaller than the process: up to every expert in the arena
+            high = low + self.cal.n_experts * plan.per_slot_bytes / MIB
+        n = s.budget_steps
+        if n <= 1 or high <= low:
+            return [low] * min(n, 1)
+        return [low + (high - low) * i / (n - 1) for i in range(n)]
+
+    def budgets(self) -> list[RunConfig]:
+        """The budget sweep: the plan's sizing at each budget of `budget_points`, each run
+        capped at its budget by `budget_limit`, generating `n_predict` tokens."""
+        s = self.s
+        out = []
+        for reserve in s.budget_reserves:
+            for budget in self.budget_points(reserve):
+                out.append(
+                    self._memory_config(
+                        "budgets",
+                        f"budget {budget:.1f} r{reserve:g}",
+                        "plan",
+                        s.ubatch,
+                        reserve,
+                        budget,
+                        s.budget_n_predict,
+                        None,
+                        s.budget_limit,
+                    )
+                )
+        return out
 
     def reserve(self) -> list[RunConfig]:
         """T10: the three arms, then the seed's sizing at reserve 0 and at the one that fits."""

@@ -236,6 +236,7 @@ SUITE_COLUMNS = {
         MEMORY_METRICS,
     ),
     "reserve": (["label", "sizing", "reserve_mb", "budget_mb", "limit_method"], MEMORY_METRICS),
+    "budgets": (["label", "reserve_mb", "budget_mb", "limit_method"], MEMORY_METRICS),
 }
 
 
