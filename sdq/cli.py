@@ -18,7 +18,7 @@ from sdq.errors import SdqError
 # name -> one-line help. The module is sdq.commands.<name with - replaced by _>.
 COMMANDS = {
     "info": "print a GGUF model's anatomy: spec, tensors, experts (table T2)",
-    "synth": "build a synthetic qwen3moe GGUF model (tiny, mini or custom)",
+    "synth": "build a synthetic GGUF: qwen3moe (tiny, mini, custom) or qwen35moe (tiny35, seed)",
     "plan": "print the memory plan for a RAM budget: dense, KV, compute, reserve, arena slots",
     "chat": "generate text with experts paged from disk under a RAM budget",
     "serve": "serve the model over an OpenAI-compatible HTTP API (one request at a time)",
