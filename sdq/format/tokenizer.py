@@ -550,7 +550,7 @@ def _build_byte_level(meta: dict, voc: _Vocabulary, vocab: dict[str, int], spec,
     try:
         hf = _hf_call(source, "building the BPE tokenizer", _byte_level_bpe, vocab, merges, spec)
     except TokenizerError:
-        _bpe_merge_error(meta["tokenizer.ggml.merges"], vocab, source)  # names the entry
+        _bpe_merge_error(meta.get("tokenizer.ggml.merges", []), vocab, source)  # names it
         raise
     token_bytes = [
         t.translate(_TO_LATIN1).encode("latin-1", _PASS_UTF8)  # _byte_level_bytes, inlined
