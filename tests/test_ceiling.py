@@ -153,9 +153,10 @@ def test_token_time_parts_add_up_and_none_is_negative(tiny_model):
         session.close()
 
 
-def test_chat_json_reports_optimum_and_ceiling(tiny_model, tmp_path, capsys):
-    profile = tmp_path / "profile.json"  # a probe profile as sdq probe writes it; 400 MB/s
-    profile.write_text(
+def capped_chat_json(model, profile_path, measured, capsys) -> dict:
+    """sdq chat --json on the tiny model with 6 slots under lrfu_bypass and an I/O profile
+    whose `measured` part is given."""
+    profile_path.write_text(
         json.dumps(
             {
                 "version": 1,
@@ -163,17 +164,23 @@ def test_chat_json_reports_optimum_and_ceiling(tiny_model, tmp_path, capsys):
                 "io_split": 1,
                 "cache_mode": "direct",
                 "device": {},
-                "measured": {"size": 131072, "best_mb_s": 400.0},
+                "measured": measured,
             }
         )
     )
     rc = main(
-        ["chat", "-m", str(tiny_model), "-p", PROMPT, "-n", "12", "-c", "256", "--max-slots",
-         "6", "--cache-policy", "lrfu_bypass", "--io-profile", str(profile), "--json",
+        ["chat", "-m", str(model), "-p", PROMPT, "-n", "12", "-c", "256", "--max-slots", "6",
+         "--cache-policy", "lrfu_bypass", "--io-profile", str(profile_path), "--json",
          "--ignore-eos"]
     )  # fmt: skip
     assert rc == 0
-    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_chat_json_reports_optimum_and_ceiling(tiny_model, tmp_path, capsys):
+    # a probe profile as sdq probe writes it, with a bandwidth of 400 MB/s
+    measured = {"size": 131072, "best_mb_s": 400.0}
+    d = capped_chat_json(tiny_model, tmp_path / "profile.json", measured, capsys)
     opt, c = d["optimum"], d["ceiling"]
     for key in ("optimum_misses", "pager_misses", "misses_vs_optimum", "bytes_vs_optimum"):
         assert math.isfinite(opt[key]), key
@@ -188,3 +195,11 @@ def test_chat_json_reports_optimum_and_ceiling(tiny_model, tmp_path, capsys):
     assert all(math.isfinite(v) for v in parts.values())
     total = parts.pop("total_ms")
     assert sum(parts.values()) == pytest.approx(total)
+
+
+def test_chat_json_without_a_measured_bandwidth(tiny_model, tmp_path, capsys):
+    d = capped_chat_json(tiny_model, tmp_path / "profile.json", {}, capsys)
+    c = d["ceiling"]
+    assert c["bandwidth_mb_s"] is None and c["io_ceiling_tok_s"] is None
+    assert c["bandwidth_note"].startswith("no bandwidth")
+    assert c["bound_by"] == "compute" and math.isfinite(d["optimum"]["misses_vs_optimum"])

@@ -100,13 +100,20 @@ def ceiling_report(
     )
 
 
-def saved_bandwidth(settings) -> tuple[float, str] | None:
+def saved_bandwidth(settings) -> tuple[float | None, str] | None:
     """(MB/s, note) from the I/O profile the run applied, else the saved profile of the model
-    file's device (sdq.paging.io_profile); None when there is none."""
+    file's device (sdq.paging.io_profile); None when there is none, (None, why) when the
+    profile holds no measured bandwidth (the run itself stands: only its ceiling is unknown)."""
+    from sdq.errors import ParamsError
     from sdq.paging.io_profile import find_profile
 
     path = settings.io_profile or find_profile(settings.model)
-    return None if path is None else probe_bandwidth(path)
+    if path is None:
+        return None
+    try:
+        return probe_bandwidth(path)
+    except ParamsError as exc:
+        return None, f"no bandwidth: {exc}"
 
 
 def run_report(figures: dict, decode_profile: dict, routes: DecodeRoutes, bandwidth) -> dict:
