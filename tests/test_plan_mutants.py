@@ -284,3 +284,65 @@ def test_process_now_without_proc_uses_psutil(monkeypatch):
     rss = psutil.Process().memory_info().rss
     assert now.resident == now.data
     assert abs(now.resident - rss) < 8 * MIB
+
+
+def test_defaults_of_plan_memory(model):
+    plan = plan_memory(model, 64, **KW)
+    assert (plan.cache_mode, plan.io_threads, plan.compute_threads) == ("pagecache", 8, 1)
+    assert plan.cache_policy == "auto" and plan.prefetch_slots == 0
+
+
+def test_dense_allocation_of_a_gguf_counts_each_dense_tensor_in_pages(tmp_path):
+    from gguf_builders import Layout, write_model
+
+    from sdq.format.model import open_model
+    from sdq.run.plan import dense_allocation
+
+    path, experts = write_model(tmp_path / "m.gguf", Layout())
+    m = open_model(path)
+    dense = [t for name, t in m.tensors.items() if name not in experts]
+    assert len(dense) > 0 and len(experts) == 6  # 2 layers x gate, up, down
+    want = sum(-(-t.nbytes // PAGE) * PAGE for t in dense)
+    assert dense_allocation(m) == want
+    assert want > m.dense_bytes  # the rounding is counted
+
+
+def test_thread_stack_bytes_is_the_c_librarys_default(monkeypatch):
+    """glibc fixes a new thread's default stack from RLIMIT_STACK at start-up: lowering the
+    limit now does not change it (the figure comes from pthread), and threading.stack_size()
+    overrides it; without libc the limit itself is the figure (8 MiB when unlimited)."""
+    import ctypes
+    import resource
+    import threading
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    default = thread_stack_bytes()
+    assert default >= 1 * MIB
+    resource.setrlimit(resource.RLIMIT_STACK, (4 * MIB, hard))
+    try:
+        assert thread_stack_bytes() == default != 4 * MIB
+        with monkeypatch.context() as m:
+            m.setattr(ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError("no libc")))
+            assert thread_stack_bytes() == 4 * MIB
+            if hard == resource.RLIM_INFINITY:
+                resource.setrlimit(resource.RLIMIT_STACK, (hard, hard))
+                assert thread_stack_bytes() == 8 * MIB
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
+    old = threading.stack_size(512 * 1024)
+    try:
+        assert thread_stack_bytes() == 512 * 1024
+    finally:
+        threading.stack_size(old)
+
+
+def test_the_runtime_starts_once():
+    from sdq.run.plan import _load_cached_kernels, _pool_kernel, start_runtime
+
+    start_runtime()
+    assert _load_cached_kernels() == 0  # every cached kernel is loaded already
+    pool = _pool_kernel()
+    assert pool is _pool_kernel() and pool(10) == 45
+    from sdq.run import plan as plan_module
+
+    assert len(plan_module._POOL_KERNEL) == 1
