@@ -7,6 +7,8 @@
     layer_miss.py   one layer, every expert a miss: serial vs parallel vs split reads (T3)
     resident.py     sdq vs llama.cpp with every weight in RAM
     peers.py        sdq vs llama.cpp under the same memory cap, each run a child process (T12)
+    optimum.py      a run's decode routing, its best possible cache, the token time split
+    ceiling.py      the I/O ceiling and bound of a capped run, and how far the run got (T12_limits)
     kernels.py      kernel speed (`python -m sdq.measure.kernels`)
     experiments/    suites of `sdq chat` runs: subprocess per configuration, repeats, medians
 
