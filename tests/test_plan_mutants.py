@@ -152,7 +152,9 @@ def test_the_refusal_names_every_term(model):
     msg = str(info.value)
     held = max((20 * MIB - plan.fixed_bytes) // plan.per_slot_bytes, 0)
     assert msg.startswith(f"RAM budget 20 MB holds {held} expert slots of ")
-    assert f"{plan.slot_bytes / MIB:.3f} MB; at least 2 are needed (experts used per token 2)"
+    assert (
+        f"{plan.slot_bytes / MIB:.3f} MB; at least 2 are needed (experts used per token 2)" in msg
+    )
     for part in (
         f"minimum budget {plan.min_budget_bytes / MIB:.1f} MB",
         "process 20.0 resident",
@@ -192,7 +194,8 @@ def test_plan_records_its_settings(model):
 
 
 def test_rows_of_the_table(model):
-    plan = plan_memory(model, 256, compute_threads=3, **{**KW, "rss_now": ProcessSize(20 * MIB, 0)})
+    process = ProcessSize(40 * MIB, 10 * MIB)
+    plan = plan_memory(model, 256, compute_threads=3, **{**KW, "rss_now": process})
     rows = {name: (mb, note) for name, mb, note in plan.rows()}
     assert list(rows) == [
         "process now",
@@ -209,7 +212,7 @@ def test_rows_of_the_table(model):
     ]
     assert rows["process now"][0] == plan.process_bytes / MIB
     assert "3 thread stacks to start" in rows["process now"][1]
-    assert f"resident {20.0:.1f}" in rows["process now"][1]
+    assert f"resident {40.0:.1f}" in rows["process now"][1]
     assert rows["dense weights"][0] == plan.dense_bytes / MIB
     assert rows["KV cache"] == (plan.kv_bytes / MIB, "ctx 256")
     assert rows["compute buffers"] == (plan.compute_bytes / MIB, "ubatch 16")
@@ -222,7 +225,7 @@ def test_rows_of_the_table(model):
     assert rows["budget"] == (256.0, f"minimum {plan.min_budget_bytes / MIB:.1f} MB")
     stacks = 3 * (thread_stack_bytes() + THREAD_EXTRA_BYTES)
     assert rows["process now"][1] == (
-        f"the larger of resident 20.0 and data segment 0.0 + 3 thread stacks to start "
+        f"the larger of resident 40.0 and data segment 10.0 + 3 thread stacks to start "
         f"{stacks / MIB:.1f}; runtime started"
     )
     assert rows["dense weights"][1] == "resident, anonymous memory"
@@ -346,3 +349,29 @@ def test_the_runtime_starts_once():
     from sdq.run import plan as plan_module
 
     assert len(plan_module._POOL_KERNEL) == 1
+
+
+def test_transient_bytes_of_a_hybrid_model():
+    """qwen35moe adds the delta-net output and the shared expert's hidden rows, converted."""
+    from types import SimpleNamespace
+
+    base = dict(n_embd=64, expert_ffn=32, n_head=4, head_dim=16, n_expert_used=2)
+    plain = SimpleNamespace(**base)
+    hybrid = SimpleNamespace(**base, hybrid=SimpleNamespace(inner_size=4096), shared_ffn=2048)
+    T = 64
+    extra = 5 * T * (4096 + 2048) // 2  # 983,040 bytes
+    assert transient_bytes(hybrid, T) - transient_bytes(plain, T) == pages(
+        4 * T * 64 + 4 * T * 16 + 5 * T * 128 // 2 + 5 * T * 32 // 2 + 16 * T * 2 + extra
+    ) - pages(4 * T * 64 + 4 * T * 16 + 5 * T * 128 // 2 + 5 * T * 32 // 2 + 16 * T * 2)
+    assert (
+        transient_bytes(hybrid, T)
+        == pages(4 * T * 64 + 4 * T * 16 + 5 * T * 128 // 2 + 5 * T * 32 // 2 + 16 * T * 2 + extra)
+        + RUN_OBJECTS_BYTES
+    )
+
+
+def test_a_budget_short_of_the_minimum_by_half_a_slot(model):
+    plan = plan_memory(model, 64, **KW)
+    budget_mb = (plan.min_budget_bytes - plan.per_slot_bytes // 2) / MIB
+    with pytest.raises(PlanError, match=r"holds 1 expert slots of "):
+        plan_memory(model, budget_mb, **KW)
