@@ -359,3 +359,35 @@ def test_lookup_bytes_of_experts_of_different_sizes(tmp_path):
     assert s["lookup_expert_bytes"] == want
     assert s["expert_bytes_read"] == want - int(sizes[0, 3])
     assert int(sizes[0, 3]) == int(sizes[0, 1]) - 6
+
+
+def test_verify_checks_each_read_once_and_drops_a_bad_expert(model):
+    """verify: a slot byte flipped after the read is a ReadError naming the expert, the expert
+    is dropped (and read again, right, by the next acquire); a hit is not checked again."""
+    from sdq.errors import ReadError
+    from sdq.paging.reads import IOSettings
+
+    cache = ExpertCache(model, plan_for_slots(model, 4), IOSettings(threads=2, verify=True))
+    layer = model.experts.layers[0]
+    h = cache.acquire(layer, [1, 3])
+    for read in h.pending:
+        read[0].wait_all()
+    off = cache.layout.view_offset(int(model.experts.offsets[0, 3, 0]), 0)
+    cache.arena.slot(h.slots[1])[off] ^= 0xFF  # the first byte of expert 3's gate
+    h.wait(0)
+    with pytest.raises(ReadError, match=r"layer 1 expert 3 gate"):
+        h.wait(1)
+    cache.release(h)
+    assert cache.cached(layer) == [1]
+    h = cache.acquire(layer, [1, 3])  # 1 hits (checked already), 3 is read again
+    assert h.hits == (True, False)
+    _check(model, h)
+    cache.release(h)
+    slot = h.slots[0]
+    cache.arena.slot(slot)[0] ^= 0xFF  # a hit's bytes are not checked again
+    h = cache.acquire(layer, [1])
+    h.wait(0)
+    cache.release(h)
+    cache.arena.slot(slot)[0] ^= 0xFF
+    assert cache.stats["read_errors"] >= 1
+    cache.close()
