@@ -391,3 +391,36 @@ def test_verify_checks_each_read_once_and_drops_a_bad_expert(model):
     cache.arena.slot(slot)[0] ^= 0xFF
     assert cache.stats["read_errors"] >= 1
     cache.close()
+
+
+def test_a_failed_read_drops_its_expert_only(model):
+    """A read that fails (the pool reports an error: here its wait raises) fails that expert's
+    wait once; the expert is dropped, release works, and the next acquire reads it again."""
+    from sdq.errors import ReadError
+
+    layer = model.experts.layers[2]
+    with _cache(model, 4) as cache:
+        h = cache.acquire(layer, [0, 5])
+        batch, bad = h.pending[1]
+        batch.wait_all()
+        real_wait = batch.wait
+
+        def failed(group):
+            if group == bad:
+                raise ReadError("expert 5: short read")
+            real_wait(group)
+
+        batch.wait = failed
+        h.wait(0)
+        with pytest.raises(ReadError, match="short read"):
+            h.wait(1)
+        assert h.pending[1] is None
+        h.wait(1)  # nothing left to wait for
+        del batch.wait
+        cache.release(h)
+        assert cache.cached(layer) == [0]
+        h = cache.acquire(layer, [5])
+        assert h.hits == (False,)
+        _check(model, h)
+        cache.release(h)
+        assert cache.stats["wait_ms"] >= 0
