@@ -105,6 +105,12 @@ def files(tmp_path_factory, tiny_model):
     }
 
 
+# chat runs in this process, whose resident set grows over a long test session (~800 MB seen):
+# a budget with room for it and no reserve, but not so much that the arena the plan gives it
+# (every MB left becomes slots) passes the fuzzer's data-segment cap
+ROOMY_MB = "2000"
+
+
 def base_args(f: dict) -> dict[tuple[str, ...], list[str]]:
     """A valid, cheap argument list per command (the fuzzer mutates one or two of its flags)."""
     m = f["model"]
@@ -113,7 +119,7 @@ def base_args(f: dict) -> dict[tuple[str, ...], list[str]]:
         ("plan",): [m, "--ram-budget-mb", "4000", "-c", "64", "-t", "1"],
         ("chat",): [
             *("-m", m, "-p", "hi", "-n", "1", "-c", "64", "-t", "1"),
-            *("--io-profile", "none", "--ram-budget-mb", "1500"),
+            *("--io-profile", "none", "--ram-budget-mb", ROOMY_MB, "--reserve-mb", "0"),
         ],
         ("probe",): [
             *("--file", m, "--size", "4k", "--threads", "1", "--reads", "1"),
@@ -273,7 +279,18 @@ def test_base_argument_lists_are_accepted(files, capsys):
         assert rc in (0, "accepted"), (path, err)
 
 
-BUDGET = ("-n", "1", "-c", "64", "--ram-budget-mb", "1500", "--io-profile", "none")
+BUDGET = (
+    "-n",
+    "1",
+    "-c",
+    "64",
+    "--ram-budget-mb",
+    ROOMY_MB,
+    "--reserve-mb",
+    "0",
+    "--io-profile",
+    "none",
+)
 
 
 @pytest.mark.parametrize(

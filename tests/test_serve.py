@@ -44,7 +44,7 @@ def server(tiny_model):
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            rc = proc.wait(timeout=30)
+            rc = proc.wait(timeout=120)  # a loaded machine: the last reply may still be ending
         except subprocess.TimeoutExpired:
             proc.kill()
             raise

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_version_matches_the_pinned_llama_cpp_python():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["optional-dependencies"]["reference"]  # llama.cpp is an extra
     assert f"llama-cpp-python=={vocab.LLAMA_CPP_PYTHON_VERSION}" in deps
 
 
