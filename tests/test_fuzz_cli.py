@@ -563,6 +563,12 @@ def hostile_yaml(draw, seed: str) -> str:
     return "".join(lines[:i] + ["  " + lines[i]] + lines[i + 1 :])
 
 
+def experiments_with_params(model, tmp_path, params) -> list[str]:
+    """`sdq experiments` on the io suite with `params` as its parameter file."""
+    out = str(tmp_path / "out")
+    return ["experiments", "--suite", "io", "--model", str(model), "--out", out, "--params", params]
+
+
 def test_hostile_parameter_files(tmp_path, capsys, tiny_model):
     from sdq.errors import ParamsError
     from sdq.lab.params import load_params
@@ -587,17 +593,7 @@ def test_hostile_parameter_files(tmp_path, capsys, tiny_model):
             assert "\n" not in str(exc)
         # the same file as the sweep's settings
         check(
-            [
-                "experiments",
-                "--suite",
-                "io",
-                "--model",
-                str(tiny_model),
-                "--out",
-                str(tmp_path / "out"),
-                "--params",
-                str(path),
-            ],
+            experiments_with_params(tiny_model, tmp_path, str(path)),
             capsys,
             tmp_path,
         )
@@ -621,33 +617,13 @@ def test_parameter_files_that_are_not_yaml_text(tmp_path, capsys, tiny_model):
             load_params(path, root=REPO)
         assert "\n" not in str(exc.value)
         check(
-            [
-                "experiments",
-                "--suite",
-                "io",
-                "--model",
-                str(tiny_model),
-                "--out",
-                str(tmp_path / "out"),
-                "--params",
-                str(path),
-            ],
+            experiments_with_params(tiny_model, tmp_path, str(path)),
             capsys,
             tmp_path,
         )
     for params in ("/dev/zero", str(tmp_path)):
         check(
-            [
-                "experiments",
-                "--suite",
-                "io",
-                "--model",
-                str(tiny_model),
-                "--out",
-                str(tmp_path / "out"),
-                "--params",
-                params,
-            ],
+            experiments_with_params(tiny_model, tmp_path, params),
             capsys,
             tmp_path,
         )
