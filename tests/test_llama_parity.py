@@ -13,18 +13,16 @@ needs multiples of 256, so it uses the `tiny` preset. Prompts are longer than on
 
 import numpy as np
 import pytest
+from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
 
 from sdq.format.model import open_model
 from sdq.format.tokenizer import Tokenizer
-from sdq.measure.llama_ref import open_llama
 from sdq.run.engine import Engine, ResidentExperts
 from sdq.run.generate import GenerateSettings, generate
 from sdq.run.sampler import SamplerSettings
 from sdq.run.workspace import Workspace
 from sdq.synth.build import SynthConfig, build_model
 
-GGML_TYPE_F32 = 0
-N_UBATCH = 64
 PARITY = SynthConfig(
     name="parity",
     n_layer=3,
@@ -36,34 +34,6 @@ PARITY = SynthConfig(
     n_expert_used=3,
     expert_ffn=160,
 )
-TEXT = (
-    "Mixture-of-experts models route every token to a few of many feed-forward experts. "
-    "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～ нещо на Български "
-    "The storage hierarchy has three levels: caches, main memory and the disk, 3333 33."
-)
-
-
-def random_tokens(n: int, seed: int) -> list[int]:
-    """Ordinary (non-control) token ids of the Qwen2 vocabulary."""
-    return [int(t) for t in np.random.default_rng(seed).integers(0, 151_643, n)]
-
-
-def llama(path, n_ctx: int):
-    return open_llama(
-        path,
-        n_ctx=n_ctx,
-        n_ubatch=N_UBATCH,
-        threads=2,
-        logits_all=True,
-        type_k=GGML_TYPE_F32,
-        type_v=GGML_TYPE_F32,
-    )
-
-
-def llama_logits(path, tokens) -> np.ndarray:
-    llm = llama(path, len(tokens) + 8)
-    llm.eval(tokens)
-    return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # [T, V]
 
 
 def sdq_engine(path, n_ctx: int):

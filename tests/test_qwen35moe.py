@@ -11,12 +11,12 @@ import sys
 import numpy as np
 import pytest
 from gguf_builders import Layout, write_model
+from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
 
 from sdq.errors import UnsupportedError
 from sdq.format.model import open_model
 from sdq.format.tokenizer import Tokenizer
 from sdq.kernels import delta_net
-from sdq.measure.llama_ref import open_llama
 from sdq.paging.cache import ExpertCache
 from sdq.run.engine import Engine, ResidentExperts
 from sdq.run.generate import GenerateSettings, generate
@@ -25,36 +25,6 @@ from sdq.run.qwen35_reference import Qwen35Reference
 from sdq.run.sampler import SamplerSettings
 from sdq.run.workspace import Workspace
 from sdq.synth.build import build_model
-
-GGML_TYPE_F32 = 0
-N_UBATCH = 64
-TEXT = (
-    "Mixture-of-experts models route every token to a few of many feed-forward experts. "
-    "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～ нещо на Български "
-    "The storage hierarchy has three levels: caches, main memory and the disk, 3333 33."
-)
-
-
-def random_tokens(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(0, 151_643, n)]
-
-
-def llama(path, n_ctx: int):
-    return open_llama(
-        path,
-        n_ctx=n_ctx,
-        n_ubatch=N_UBATCH,
-        threads=2,
-        logits_all=True,
-        type_k=GGML_TYPE_F32,
-        type_v=GGML_TYPE_F32,
-    )
-
-
-def llama_logits(path, tokens) -> np.ndarray:
-    llm = llama(path, len(tokens) + 8)
-    llm.eval(tokens)
-    return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # [T, V]
 
 
 def sdq_engine(path, n_ctx: int, experts=None, n_ubatch: int = N_UBATCH):

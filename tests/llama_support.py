@@ -1,0 +1,38 @@
+"""What the tests that compare sdq with llama.cpp share: the text and token ids they feed both
+engines, and llama.cpp opened with every position's logits and its KV cache in F32 (as sdq
+keeps it), so that a comparison measures weights and activation paths, not an F16 cache."""
+
+import numpy as np
+
+from sdq.measure.llama_ref import open_llama
+
+GGML_TYPE_F32 = 0
+N_UBATCH = 64
+TEXT = (
+    "Mixture-of-experts models route every token to a few of many feed-forward experts. "
+    "Hello, y'all! How are you 😁 ?我想在apple工作1314151天～ нещо на Български "
+    "The storage hierarchy has three levels: caches, main memory and the disk, 3333 33."
+)
+
+
+def random_tokens(n: int, seed: int) -> list[int]:
+    """Ordinary (non-control) token ids of the Qwen2 vocabulary."""
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 151_643, n)]
+
+
+def llama(path, n_ctx: int):
+    return open_llama(
+        path,
+        n_ctx=n_ctx,
+        n_ubatch=N_UBATCH,
+        threads=2,
+        logits_all=True,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
+    )
+
+
+def llama_logits(path, tokens) -> np.ndarray:
+    llm = llama(path, len(tokens) + 8)
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # [T, V]
