@@ -1,6 +1,6 @@
-"""The biased / group-limited router (sdq.kernels.routing): the Numba kernel against its NumPy reference, and
-the semantics that distinguish it from softmax top-K (bias for selection only, group limits,
-renormalisation, scale)."""
+"""The biased / group-limited router (sdq.kernels.routing): the Numba kernel against its NumPy
+reference, and the semantics that distinguish it from softmax top-K (bias for selection only,
+group limits, renormalisation, scale)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,13 @@ def _run(logits, bias, K, renorm, scale, n_group=0, n_group_used=0, gating="sigm
 @pytest.mark.parametrize("gating", ["sigmoid", "softmax"])
 @pytest.mark.parametrize(
     "renorm, scale, n_group, n_group_used",
-    [(False, 1.0, 0, 0), (True, 1.0, 0, 0), (True, 2.5, 0, 0), (True, 1.0, 4, 2), (False, 1.8, 8, 3)],
+    [
+        (False, 1.0, 0, 0),
+        (True, 1.0, 0, 0),
+        (True, 2.5, 0, 0),
+        (True, 1.0, 4, 2),
+        (False, 1.8, 8, 3),
+    ],
 )
 def test_kernel_matches_reference(gating, renorm, scale, n_group, n_group_used):
     rng = np.random.default_rng(0)
