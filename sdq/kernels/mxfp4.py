@@ -1,0 +1,117 @@
+"""MXFP4 weights (GGML type 39): dequantization and matrix products, as ggml's CPU backend.
+
+A block holds 32 values in 17 bytes: one E8M0 scale byte `e`, then 16 bytes of 4-bit E2M1
+codes, value j in the low nibble of byte j and value 16 + j in its high nibble. A code c
+decodes to KVALUES[c] * half(e), where KVALUES are the E2M1 values doubled (integers) and
+half(e) = 2^(e - 128), the halved E8M0 scale (ggml_e8m0_to_fp32_half; e < 2 gives the
+denormals 2^-128 and 2^-127 exactly as float32 bits).
+
+ggml multiplies MXFP4 weights with Q8_0 activations (vec_dot_type Q8_0): per block, the
+integer dot of the doubled codes with the int8 activations, times half(e) times the
+activation block's f16 scale, summed over blocks in float32.
+
+Dimension key: R weight rows, C columns (a multiple of 32), NB = C / 32 blocks per row,
+T activation rows.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+from sdq.format.quants import block_facts
+from sdq.kernels.jit import kernel
+
+QK_MXFP4 = int(block_facts(GGMLQuantizationType.MXFP4).block_size)  # 32 values
+BLOCK_BYTES = int(block_facts(GGMLQuantizationType.MXFP4).type_size)  # scale + 16 nibble bytes
+KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # [16]
+
+
+def half_scale_ref(e: np.ndarray) -> np.ndarray:
+    """E8M0 bytes [n] -> 2^(e - 128) float32 [n]."""
+    e = e.astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+HALF_SCALES = half_scale_ref(np.arange(256))  # [256] f32, indexed by the scale byte
+
+
+@kernel
+def _dequantize(blocks, kv, hs, out):  # blocks uint8 [N, 17]; hs f32 [256]; out f32 [N, 32]
+    for b in range(blocks.shape[0]):
+        d = hs[blocks[b, 0]]
+        for j in range(16):
+            q = blocks[b, 1 + j]
+            out[b, j] = d * np.float32(kv[q & 0x0F])
+            out[b, j + 16] = d * np.float32(kv[q >> 4])
+
+
+def dequantize(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """MXFP4 bytes of a [rows, cols] matrix -> float32 [rows, cols]."""
+    if cols % QK_MXFP4:
+        raise ValueError(f"MXFP4 row length {cols} is not a multiple of {QK_MXFP4}")
+    nb = rows * cols // QK_MXFP4
+    blocks = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)[: nb * BLOCK_BYTES]
+    out = np.empty((nb, QK_MXFP4), np.float32)  # [N, 32]
+    _dequantize(blocks.reshape(nb, BLOCK_BYTES), KVALUES, HALF_SCALES, out)
+    return out.reshape(rows, cols)
+
+
+def dequantize_ref(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """NumPy reference of `dequantize`."""
+    blocks = np.asarray(raw).reshape(-1).view(np.uint8).reshape(-1, BLOCK_BYTES)  # [N, 17]
+    d = half_scale_ref(blocks[:, 0])[:, None]  # [N, 1]
+    qs = blocks[:, 1:]  # [N, 16]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # [N, 32]
+    return (d * KVALUES[codes].astype(np.float32)).reshape(rows, cols)
+
+
+# --- products with Q8_0 activations -------------------------------------------------------
+
+
+@kernel(parallel=True)
+def _matmul(w, kv, hs, xq, xd, out):  # w uint8 [R, NB*17]; xq int8 [T, C]; xd f32 [T, NB]
+    R = w.shape[0]
+    T, nb = xd.shape
+    for r in numba.prange(R):
+        for t in range(T):
+            acc = np.float32(0.0)
+            for b in range(nb):
+                o = b * BLOCK_BYTES
+                d = xd[t, b] * hs[w[r, o]]
+                s1 = 0
+                s2 = 0
+                for j in range(16):
+                    q = w[r, o + 1 + j]
+                    s1 += np.int32(xq[t, b * 32 + j]) * np.int32(kv[q & 0x0F])
+                    s2 += np.int32(xq[t, b * 32 + 16 + j]) * np.int32(kv[q >> 4])
+                acc += d * np.float32(s1 + s2)
+            out[t, r] = acc
+
+
+def matmul(raw: np.ndarray, rows: int, cols: int, qx, out: np.ndarray) -> None:
+    """out[T, rows] = X @ W.T for MXFP4 weights W [rows, cols] and X already converted to
+    Q8_0 (sdq.kernels.act_quant.QActivation of qtype Q8_0)."""
+    if cols % QK_MXFP4 or qx.cols != cols:
+        raise ValueError(f"MXFP4 product: {cols} weight columns, {qx.cols} activations")
+    w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    w = w[: rows * cols // QK_MXFP4 * BLOCK_BYTES].reshape(rows, -1)  # [R, NB*17]
+    _matmul(w, KVALUES, HALF_SCALES, qx.qs, qx.d, out.reshape(qx.T, rows))
+
+
+def matmul_ref(raw: np.ndarray, rows: int, cols: int, xq: np.ndarray, xd: np.ndarray):
+    """NumPy reference of `matmul`: xq int8 [T, C], xd f32 [T, NB] -> f32 [T, rows]."""
+    blocks = np.asarray(raw).reshape(-1).view(np.uint8).reshape(rows, cols // 32, BLOCK_BYTES)
+    d = half_scale_ref(blocks[..., 0].reshape(-1)).reshape(rows, -1)  # [R, NB]
+    qs = blocks[..., 1:]  # [R, NB, 16]
+    codes = KVALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=-1)].astype(np.int32)  # [R,NB,32]
+    T = xq.shape[0]
+    x = xq.reshape(T, -1, 32).astype(np.int32)  # [T, NB, 32]
+    sums = np.einsum("rbj,tbj->trb", codes, x).astype(np.float32)  # [T, R, NB]
+    scaled = (xd[:, None, :] * d[None, :, :]).astype(np.float32) * sums  # [T, R, NB]
+    out = np.zeros((T, rows), np.float32)
+    for b in range(scaled.shape[2]):  # block order, float32 sums as the kernel
+        out += scaled[:, :, b]
+    return out

@@ -1,0 +1,411 @@
+"""The gpt-oss forward pass (llama.cpp arch `gpt-oss`, LLM_ARCH_OPENAI_MOE).
+
+Dimension key:
+    T  tokens in the ubatch          D  n_embd                  E  experts    K  experts used
+    H  query heads                   Hkv KV heads               Dh head dim   G = H / Hkv
+    F  expert FFN size               C  context length (KV cache positions)
+    W  sliding window (attention.sliding_window)
+
+Per layer, against the qwen3moe pass in sdq.run.engine:
+
+    a = rms_norm(x) ; q, k, v = a Wq + bq, a Wk + bk, a Wv + bv      # no q/k norms
+    q, k = yarn_rope_neox(q, k)      # YaRN scaling (rope.scaling.*), per-layer freq base
+    x += attention_with_sinks(q, cache) Wo + bo
+         # each head's softmax also counts one extra logit (attn_sinks[h]) with no value;
+         # sliding-window layers (even layers, or attention.sliding_window_pattern) see only
+         # the last W positions, the others the whole context
+    f = rms_norm(x) with post_attention_norm ; l = f Wr + br         # [T, E]
+    top-K of l, softmax over the K chosen logits
+    x += sum_k w_k (down_k(swiglu_oai(gate_k f + bg_k, up_k f + bu_k)) + bd_k)
+         swiglu_oai(g, u) = min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)
+
+Expert weights are MXFP4 (sdq.kernels.mxfp4, Q8_0 activations) or any type matmul_q runs;
+they are paged like any routed expert. The expert biases (ffn_*_exps.bias, E*(2F+D) floats
+per layer) are small and stay resident with the dense weights. The KV cache is the full
+[L, C, Hkv*Dh] of the workspace for every layer (a sliding-window layer reads only its last
+W positions of it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+from sdq.errors import UnsupportedError
+from sdq.kernels import mxfp4, ops
+from sdq.kernels.act_quant import quantize_activation
+from sdq.kernels.dot import matmul_q
+from sdq.kernels.jit import FLOAT_MATH, kernel
+from sdq.run.engine import Activations, DenseWeights, Engine, Matrix
+
+ARCH = "gpt-oss"
+SWIGLU_ALPHA = 1.702  # llama.cpp's constants for LLM_FFN_SWIGLU_OAI_MOE
+SWIGLU_LIMIT = 7.0
+MXFP4 = GGMLQuantizationType.MXFP4
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class YarnRope:
+    """RoPE frequency settings as llama.cpp derives them from the rope.* keys."""
+
+    n_dims: int
+    freq_base: float
+    freq_base_swa: float
+    freq_scale: float  # 1 / rope.scaling.factor (1 without scaling)
+    ext_factor: float  # 1 for YaRN, else 0
+    attn_factor: float  # the magnitude factor before YaRN's own 1 + 0.1 ln(1/freq_scale)
+    beta_fast: float
+    beta_slow: float
+    n_ctx_orig: int
+
+
+@dataclass(frozen=True)
+class GptOssSettings:
+    sliding_window: int  # W; 0: no window
+    swa_layers: frozenset[int]
+    rope: YarnRope
+
+
+def gpt_oss_settings(model) -> GptOssSettings:
+    """The gpt-oss hyperparameters beyond ModelSpec, read with llama.cpp's keys and rules."""
+    meta, spec, path = model.metadata, model.spec, model.path
+    a = f"{spec.arch}."
+    window = int(meta.get(a + "attention.sliding_window", 0))
+    if a + "attention.sliding_window" not in meta:
+        raise UnsupportedError(f"{path}: gpt-oss without {a}attention.sliding_window")
+    pattern = meta.get(a + "attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        swa = frozenset(il for il, on in enumerate(pattern[: spec.n_layer]) if on)
+    else:  # layer il slides when il % n < n - 1 (n = 0: every layer)
+        n = int(pattern)
+        swa = frozenset(il for il in range(spec.n_layer) if n == 0 or il % n < n - 1)
+    scaling = str(meta.get(a + "rope.scaling.type", "linear"))
+    if scaling not in ("none", "linear", "yarn"):
+        raise UnsupportedError(f"{path}: rope scaling {scaling!r} (none, linear, yarn only)")
+    factor = float(meta.get(a + "rope.scaling.factor", 0.0))
+    freq_scale = 1.0 / factor if factor and scaling != "none" else 1.0
+    ext = 1.0 if scaling == "yarn" else 0.0
+    attn = 1.0
+    if ext:
+        f = np.float32(1.0) / np.float32(freq_scale)
+        mscale = np.float32(1.0) if f <= 1 else np.float32(0.1) * np.log(f) + np.float32(1.0)
+        attn = float(mscale / (np.float32(1.0) + np.float32(0.1) * np.log(f)))
+    attn *= float(meta.get(a + "rope.scaling.attn_factor", 1.0))
+    n_dims = int(meta.get(a + "rope.dimension_count", spec.head_dim))
+    if n_dims != spec.head_dim:
+        raise UnsupportedError(f"{path}: RoPE over {n_dims} of {spec.head_dim} head dims")
+    rope = YarnRope(
+        n_dims=n_dims,
+        freq_base=spec.rope_base,
+        freq_base_swa=float(meta.get(a + "rope.freq_base_swa", spec.rope_base)),
+        freq_scale=freq_scale,
+        ext_factor=ext,
+        attn_factor=attn,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        n_ctx_orig=int(meta.get(a + "rope.scaling.original_context_length", spec.n_ctx_train)),
+    )
+    return GptOssSettings(window, swa, rope)
+
+
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float):
+    """The first and last dims of YaRN's ramp between interpolation and extrapolation."""
+    f32 = np.float32
+
+    def dim(n_rot: float) -> np.float32:
+        num = f32(n_dims) * np.log(f32(n_ctx_orig) / (f32(n_rot) * f32(2) * f32(math.pi)))
+        return num / (f32(2) * np.log(f32(base)))
+
+    low = max(0.0, float(np.floor(dim(beta_fast))))
+    high = min(float(n_dims - 1), float(np.ceil(dim(beta_slow))))
+    return low, high
+
+
+def yarn_tables(positions: np.ndarray, rope: YarnRope, freq_base: float):
+    """cos, sin [T, Dh/2] float32 for ops.rope_neox, as ggml's rope cache with YaRN: theta
+    runs pos * base^(-2i/Dh) in float32, interpolated by freq_scale where the ramp says,
+    then cos/sin times the magnitude factor."""
+    f32 = np.float32
+    half = rope.n_dims // 2
+    step = f32(freq_base) ** f32(-2.0 / rope.n_dims)
+    extrap = np.empty((len(positions), half), np.float32)  # [T, Dh/2]
+    extrap[:, 0] = np.asarray(positions, np.float32)
+    for i in range(1, half):
+        extrap[:, i] = extrap[:, i - 1] * step
+    interp = f32(rope.freq_scale) * extrap  # [T, Dh/2]
+    mscale = f32(rope.attn_factor)
+    theta = interp
+    if rope.ext_factor != 0.0:
+        low, high = yarn_corr_dims(
+            rope.n_dims, rope.n_ctx_orig, freq_base, rope.beta_fast, rope.beta_slow
+        )
+        i = np.arange(half, dtype=np.float32)
+        y = (i - f32(low)) / f32(max(0.001, high - low))
+        ramp = (f32(1) - np.minimum(f32(1), np.maximum(f32(0), y))) * f32(rope.ext_factor)
+        theta = interp * (f32(1) - ramp) + extrap * ramp
+        mscale = mscale * (f32(1) + f32(0.1) * np.log(f32(1) / f32(rope.freq_scale)))
+    cos = (np.cos(theta) * mscale).astype(np.float32)
+    sin = (np.sin(theta) * mscale).astype(np.float32)
+    return cos, sin
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+
+@kernel(parallel=True, fastmath=FLOAT_MATH)
+def _attention_sinks(q, k_cache, v_cache, p0, Hkv, scale, sinks, window, out):
+    T, H, Dh = q.shape
+    G = H // Hkv
+    for th in numba.prange(T * H):
+        t = th // H
+        h = th % H
+        c0 = (h // G) * Dh
+        pos = p0 + t
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        n = pos - lo + 1
+        scores = np.empty(n, np.float32)
+        m = sinks[h]
+        for j in range(n):
+            s = np.float32(0.0)
+            for i in range(Dh):
+                s += q[t, h, i] * k_cache[lo + j, c0 + i]
+            s *= scale
+            scores[j] = s
+            if s > m:
+                m = s
+        total = np.exp(sinks[h] - m)
+        for j in range(n):
+            e = np.exp(scores[j] - m)
+            scores[j] = e
+            total += e
+        for i in range(Dh):
+            out[t, h, i] = 0.0
+        inv = np.float32(1.0) / total
+        for j in range(n):
+            p = scores[j] * inv
+            for i in range(Dh):
+                out[t, h, i] += p * v_cache[lo + j, c0 + i]
+
+
+def attention_sinks(q, k_cache, v_cache, p0: int, Hkv: int, sinks, window: int, out) -> None:
+    """Causal GQA attention of T tokens at p0..p0+T-1 whose per-head softmax also counts the
+    sink logit sinks[h]; with window W > 0 a query at p sees keys p-W+1..p only.
+
+    q [T, H, Dh]; k_cache, v_cache [C, Hkv*Dh] holding positions 0..p0+T-1; out [T, H, Dh]."""
+    T, H, Dh = q.shape
+    if H % Hkv or k_cache.shape[0] < p0 + T:
+        raise ValueError(f"attention: {H} heads over {Hkv} KV heads, cache {k_cache.shape}")
+    scale = np.float32(1.0 / math.sqrt(Dh))
+    _attention_sinks(q, k_cache, v_cache, p0, Hkv, scale, sinks, int(window), out)
+
+
+def attention_sinks_ref(q, k_cache, v_cache, p0: int, Hkv: int, sinks, window: int):
+    """NumPy reference of `attention_sinks` -> [T, H, Dh]."""
+    T, H, Dh = q.shape
+    G = H // Hkv
+    out = np.zeros((T, H, Dh), np.float32)
+    for t in range(T):
+        pos = p0 + t
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        for h in range(H):
+            kv = h // G
+            k = k_cache[lo : pos + 1, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
+            v = v_cache[lo : pos + 1, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
+            s = (k @ q[t, h]) / np.float32(math.sqrt(Dh))  # [n]
+            m = max(float(s.max()), float(sinks[h]))
+            e = np.exp(s - m)
+            out[t, h] = (e @ v) / (e.sum() + np.exp(sinks[h] - m))
+    return out
+
+
+@kernel(fastmath=FLOAT_MATH)
+def _swiglu_oai(gate, up, alpha, limit):  # flat views, in place into gate
+    for i in range(gate.shape[0]):
+        x = min(gate[i], limit)
+        y = min(max(up[i], -limit), limit)
+        gate[i] = x / (np.float32(1.0) + np.exp(alpha * -x)) * (y + np.float32(1.0))
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> None:
+    """gate = swiglu_oai(gate, up), in place (llama.cpp's alpha 1.702, limit 7)."""
+    _swiglu_oai(
+        gate.reshape(-1), up.reshape(-1), np.float32(SWIGLU_ALPHA), np.float32(SWIGLU_LIMIT)
+    )
+
+
+def swiglu_oai_ref(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    x = np.minimum(gate, np.float32(SWIGLU_LIMIT))
+    y = np.clip(up, -np.float32(SWIGLU_LIMIT), np.float32(SWIGLU_LIMIT))
+    return (x / (1 + np.exp(np.float32(SWIGLU_ALPHA) * -x)) * (y + 1)).astype(np.float32)
+
+
+def expert_matmul(raw, qtype: int, rows: int, cols: int, x: np.ndarray, out: np.ndarray):
+    """out [n, rows] = x [n, cols] W.T for an expert matrix of any supported type."""
+    if int(qtype) == MXFP4:
+        mxfp4.matmul(raw, rows, cols, quantize_activation(x, GGMLQuantizationType.Q8_0), out)
+    else:
+        matmul_q(raw, qtype, rows, cols, quantize_activation(x, qtype), out)
+
+
+# --- weights -------------------------------------------------------------------------------
+
+
+class BiasedMatrix(Matrix):
+    """A matrix whose products add a bias row: out = X W.T + b."""
+
+    bias: np.ndarray  # [rows]
+
+    def mul(self, acts: Activations, out: np.ndarray) -> None:
+        super().mul(acts, out)
+        out += self.bias
+
+
+def _biased(m: Matrix, bias: np.ndarray | None) -> Matrix:
+    if bias is None:
+        return m
+    b = BiasedMatrix(m.name, m.raw, m.qtype, m.rows, m.cols)
+    b.bias = bias
+    return b
+
+
+@dataclass
+class GptOssLayer:
+    attn_norm: np.ndarray  # [D]
+    wq: Matrix  # [H*Dh, D] (+ bias)
+    wk: Matrix  # [Hkv*Dh, D] (+ bias)
+    wv: Matrix  # [Hkv*Dh, D] (+ bias)
+    wo: Matrix  # [D, H*Dh] (+ bias)
+    sinks: np.ndarray  # [H]
+    ffn_norm: np.ndarray  # [D] post_attention_norm
+    router: Matrix  # [E, D] + bias [E]
+    gate_b: np.ndarray  # [E, F]
+    up_b: np.ndarray  # [E, F]
+    down_b: np.ndarray  # [E, D]
+    shared: None = None  # no shared expert (read by Engine._moe_block)
+    dense: None = None  # every layer is MoE
+
+
+def assemble_weights(model, matrix, vector) -> DenseWeights:
+    """DenseWeights of a gpt-oss file, from DenseWeights.load's tensor readers."""
+    spec, tensors = model.spec, model.tensors
+    E, F, D = spec.n_expert, spec.expert_ffn, spec.n_embd
+
+    def optional(name: str) -> np.ndarray | None:
+        return vector(name) if name in tensors else None
+
+    layers = []
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        layers.append(
+            GptOssLayer(
+                attn_norm=vector(p + "attn_norm.weight"),
+                wq=_biased(matrix(p + "attn_q.weight"), optional(p + "attn_q.bias")),
+                wk=_biased(matrix(p + "attn_k.weight"), optional(p + "attn_k.bias")),
+                wv=_biased(matrix(p + "attn_v.weight"), optional(p + "attn_v.bias")),
+                wo=_biased(matrix(p + "attn_output.weight"), vector(p + "attn_output.bias")),
+                sinks=vector(p + "attn_sinks.weight"),
+                ffn_norm=vector(p + "post_attention_norm.weight"),
+                router=_biased(matrix(p + "ffn_gate_inp.weight"), vector(p + "ffn_gate_inp.bias")),
+                gate_b=vector(p + "ffn_gate_exps.bias").reshape(E, F),
+                up_b=vector(p + "ffn_up_exps.bias").reshape(E, F),
+                down_b=vector(p + "ffn_down_exps.bias").reshape(E, D),
+            )
+        )
+    embd = matrix("token_embd.weight")
+    output = matrix("output.weight") if "output.weight" in tensors else embd
+    return DenseWeights(embd, vector("output_norm.weight"), output, layers)
+
+
+# --- the engine ----------------------------------------------------------------------------
+
+
+class GptOssEngine(Engine):
+    """Engine with gpt-oss's attention block and expert FFN (biases, clamped SwiGLU)."""
+
+    def __init__(self, model, experts, workspace, n_ctx, n_ubatch, weights=None):
+        if model.spec.arch != ARCH:
+            raise UnsupportedError(f"{model.path}: {model.spec.arch} is not gpt-oss")
+        self.settings = gpt_oss_settings(model)
+        super().__init__(model, experts, workspace, n_ctx, n_ubatch, weights=weights)
+        self._tables: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self._tables_at = (-1, -1)
+
+    def _rope_for(self, il: int, T: int):
+        """cos, sin [T, Dh/2] of this ubatch's positions for layer il's frequency base."""
+        if self._tables_at != (self.n_past, T):
+            self._tables.clear()
+            self._tables_at = (self.n_past, T)
+        r = self.settings.rope
+        base = r.freq_base_swa if il in self.settings.swa_layers else r.freq_base
+        tables = self._tables.get(base)
+        if tables is None:
+            positions = np.arange(self.n_past, self.n_past + T, dtype=np.float32)
+            tables = self._tables[base] = yarn_tables(positions, r, base)
+        return tables
+
+    def _route(self, lw, logits: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
+        """Router logits [T, E] (bias added) -> top-K ids [T, K] and the softmax of the K
+        chosen logits [T, K] (softmax over all, renormalised over the chosen: the same)."""
+        ops.softmax_topk(logits, self.spec.n_expert_used, True, ids, weights)
+
+    def _attention_block(self, il: int, lw: GptOssLayer, T: int) -> None:
+        t0 = time.perf_counter()
+        s, ws = self.spec, self.ws
+        H, Hkv, Dh = s.n_head, s.n_head_kv, s.head_dim
+        p0 = self.n_past
+        x, xn = ws.x[:T], ws.xn[:T]  # [T, D]
+        q, k, v = ws.q[:T], ws.k[:T], ws.v[:T]  # [T, H*Dh], [T, Hkv*Dh], [T, Hkv*Dh]
+        ops.rms_norm(x, lw.attn_norm, s.rms_eps, xn)
+        acts = Activations(xn)
+        lw.wq.mul(acts, q)
+        lw.wk.mul(acts, k)
+        lw.wv.mul(acts, v)
+        q3, k3 = q.reshape(T, H, Dh), k.reshape(T, Hkv, Dh)
+        cos, sin = self._rope_for(il, T)  # [T, Dh/2] each
+        ops.rope_neox(q3, cos, sin)
+        ops.rope_neox(k3, cos, sin)
+        row = self.kv_row[il]
+        ws.k_cache[row, p0 : p0 + T] = k
+        ws.v_cache[row, p0 : p0 + T] = v
+        window = self.settings.sliding_window if il in self.settings.swa_layers else 0
+        attn = ws.attn[:T]  # [T, H*Dh]
+        attention_sinks(
+            q3, ws.k_cache[row], ws.v_cache[row], p0, Hkv, lw.sinks, window, attn.reshape(T, H, Dh)
+        )
+        lw.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
+        x += xn
+        self.timers.add("attention", time.perf_counter() - t0)
+
+    def _expert(self, e: int, views, ids, weights, T: int, acts, bufs=None) -> None:
+        """ffn_parts[t, k] = w[t, k] * (down(swiglu_oai(gate x + bg, up x + bu)) + bd) for the
+        tokens t routed to e (k: e's place in t's top-K)."""
+        ws = self.ws
+        bufs = bufs or (ws.ffn_in[0], ws.ffn_gate[0], ws.ffn_up[0], ws.ffn_down[0])
+        ffn_in, ffn_gate, ffn_up, ffn_down = bufs
+        (F, D), _, _ = self.expert_shapes
+        gq, uq, dq = self.expert_qtypes[self._layer]
+        lw = self.weights.layers[self._layer]
+        gate_raw, up_raw, down_raw = views
+        rows, slots = np.nonzero(ids[:T] == e)  # tokens routed to e, and where in their top-K
+        n = rows.shape[0]
+        w = weights[rows, slots][:, None]  # [n, 1]
+        xin = ffn_in[:n]  # [n, D]
+        np.take(ws.xn[:T], rows, axis=0, out=xin)
+        g, u, d = ffn_gate[:n], ffn_up[:n], ffn_down[:n]  # [n, F] [n, F] [n, D]
+        expert_matmul(gate_raw, gq, F, D, xin, g)
+        expert_matmul(up_raw, uq, F, D, xin, u)
+        g += lw.gate_b[e]
+        u += lw.up_b[e]
+        swiglu_oai(g, u)
+        expert_matmul(down_raw, dq, D, F, g, d)
+        d += lw.down_b[e]
+        d *= w
+        ws.ffn_parts[rows, slots] = d  # a token picks an expert at most once
