@@ -121,5 +121,7 @@ def test_qtype_of_compute_names_type_tensor_and_supported():
 
 
 def test_supported_compute_and_plain():
-    assert SUPPORTED_COMPUTE == {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+    assert SUPPORTED_COMPUTE == {
+        Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4
+    }  # fmt: skip
     assert is_plain(Q.F32) and is_plain(Q.BF16) and not is_plain(Q.Q8_0)

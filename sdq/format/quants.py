@@ -40,8 +40,8 @@ QUANTS: dict[GGMLQuantizationType, QuantFacts] = {
 
 # Types the sdq kernels compute with (a subset of QUANTS).
 SUPPORTED_COMPUTE: frozenset[GGMLQuantizationType] = frozenset(
-    {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
-)
+    {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4}
+)  # MXFP4: gpt-oss experts only (sdq.kernels.mxfp4)
 
 # GGML value -> type, for the common case (an enum member or int): one dict lookup, as the
 # kernels normalise a type once per matrix product. IntEnum members hash as their values.

@@ -54,7 +54,7 @@ from sdq.kernels.expert import QBlocks, expert_ffn
 from sdq.kernels.expert import supported as expert_kernel_supported
 from sdq.run.workspace import Workspace
 
-SUPPORTED_ARCHS = ("qwen3moe", "qwen35moe")
+SUPPORTED_ARCHS = ("qwen3moe", "qwen35moe", "gpt-oss")
 PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "barrier", "other")
 
 
@@ -198,6 +198,10 @@ class DenseWeights:
         tensors = model.tensors
         if model.spec.arch == "qwen35moe":
             _check_hybrid(model)
+        if model.spec.arch == "gpt-oss":  # sinks, biases, clamped SwiGLU (sdq.run.gpt_oss)
+            from sdq.run import gpt_oss
+
+            return gpt_oss.assemble_weights(model, matrix, vector)
         embd = matrix("token_embd.weight")
         output = matrix("output.weight") if "output.weight" in tensors else embd
         layers = []
@@ -416,6 +420,9 @@ class Engine:
             int(layer): tuple(int(t) for t in table.qtypes[i])
             for i, layer in enumerate(table.layers)
         }
+        mxfp4 = int(GGMLQuantizationType.MXFP4)
+        if spec.arch != "gpt-oss" and any(mxfp4 in q for q in self.expert_qtypes.values()):
+            raise UnsupportedError(f"{model.path}: MXFP4 experts outside gpt-oss")
         self._layer = -1
         self.timers = Timers()
         self.route_log = None  # sdq.paging.route_log.RouteLog: one JSON line per token and layer
@@ -871,6 +878,15 @@ def pool_barrier(spans, workers: int, t_handed: float, t_end: float) -> float:
         return 0.0
     busy = sum(max(0.0, min(end, t_end) - max(start, t_handed)) for start, end in spans)
     return max(0.0, (workers * window - busy) / workers)
+
+
+def make_engine(model, experts, workspace: Workspace, n_ctx: int, n_ubatch: int, weights=None):
+    """The engine for the model's architecture: gpt-oss's (sdq.run.gpt_oss) or Engine."""
+    if model.spec.arch == "gpt-oss":
+        from sdq.run.gpt_oss import GptOssEngine
+
+        return GptOssEngine(model, experts, workspace, n_ctx, n_ubatch, weights=weights)
+    return Engine(model, experts, workspace, n_ctx, n_ubatch, weights=weights)
 
 
 def _expert_shapes(spec):

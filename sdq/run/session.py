@@ -90,7 +90,7 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
 
 class Session:
     def __init__(self, settings: RunSettings):
-        from sdq.run.engine import DenseWeights, Engine, ResidentExperts
+        from sdq.run.engine import DenseWeights, ResidentExperts, make_engine
         from sdq.run.workspace import Workspace
 
         s = self.settings = settings
@@ -112,7 +112,7 @@ class Session:
             weights = DenseWeights.load(model)
             experts = ExpertCache(model, self.plan, io=setup.io, settings=setup.cache)
         self.experts = experts
-        self.engine = Engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
+        self.engine = make_engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
         self.engine.prefetch_next = self.prefetch_next
         if s.route_log:
             from sdq.paging.route_log import RouteLog

@@ -49,6 +49,7 @@ from sdq.errors import ParamsError, SdqError
 SYNTH_FORMAT_VERSION = 2  # bump whenever the bytes of a model change
 ARCH = "qwen3moe"
 ARCHES = (ARCH, "qwen35moe")
+ARCHES += ("gpt-oss",)  # sdq.synth.gpt_oss
 K_QUANT_BLOCK = 256
 
 # qtype name -> llama_ftype number (llama.h); F32 and F16 are written directly.
@@ -61,6 +62,7 @@ QTYPES = {
     "Q4_K_M": 15,
     "Q5_K_M": 17,
     "Q6_K": 18,
+    "MXFP4_MOE": 38,  # experts MXFP4, other matrices Q8_0 (gpt-oss)
 }
 
 
@@ -411,6 +413,11 @@ def tensor_plan(cfg: SynthConfig, dtype: str) -> list[tuple[str, tuple[int, ...]
 
         for i in range(cfg.n_layer):
             plan += qwen35.block_plan(cfg, i, big)
+    if cfg.arch == "gpt-oss":
+        from sdq.synth import gpt_oss
+
+        for i in range(cfg.n_layer):
+            plan += gpt_oss.block_plan(cfg, i, big)
     for i in range(cfg.n_layer if cfg.arch == ARCH else 0):
         b = f"blk.{i}."
         plan += [
@@ -517,6 +524,13 @@ def _make_tensor(w, name: str, shape: tuple[int, ...], dt, pool) -> np.ndarray:
         if values is not None:
             out[...] = values
             return out
+    if w.cfg.arch == "gpt-oss":
+        from sdq.synth import gpt_oss
+
+        values = gpt_oss.make_tensor(w, name, shape)
+        if values is not None:
+            out[...] = values
+            return out
     if name in ("token_embd.weight", "output.weight"):
         rows = w.embedding_rows if name == "token_embd.weight" else w.output_rows
         step = 8192
@@ -566,6 +580,10 @@ def _add_metadata(writer, cfg: SynthConfig, seed: int, vocab, dtype: str) -> Non
         from sdq.synth import qwen35
 
         qwen35.add_metadata(writer, cfg)
+    if cfg.arch == "gpt-oss":
+        from sdq.synth import gpt_oss
+
+        gpt_oss.add_metadata(writer, cfg)
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
@@ -650,3 +668,7 @@ class _quiet_llama_log:
     def __exit__(self, *exc):
         self.logger.setLevel(self.level)
         return False
+
+
+# presets defined beside their architecture's writer, which adds them to PRESETS on import
+from sdq.synth import gpt_oss as _gpt_oss  # noqa: E402, F401
