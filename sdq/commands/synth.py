@@ -22,12 +22,34 @@ _DIM_FLAGS = {
 }
 
 
+# architecture -> its test preset (--arch without --preset)
+_ARCH_PRESETS = {
+    "qwen3moe": "tiny",
+    "qwen35moe": "tiny35",
+    "llama": "tiny-mixtral",
+    "granitemoe": "tiny-granitemoe",
+    "qwen2moe": "tiny-qwen2moe",
+    "olmoe": "tiny-olmoe",
+    "deepseek2": "tiny-deepseek2",
+    "glm4moe": "tiny-glm4moe",
+    "gpt-oss": "tiny-gptoss",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
-        default="tiny",
-        help="qwen3moe: tiny (tests), mini (reproduce); qwen35moe: tiny35 (tests), seed (shaped "
-        "like Qwen3.6-35B-A3B, 4 blocks)",
+        default=None,
+        help="qwen3moe: tiny (tests, the default), mini (reproduce); qwen35moe: tiny35 (tests), "
+        "seed (shaped like Qwen3.6-35B-A3B, 4 blocks); llama (Mixtral): tiny-mixtral, "
+        "tiny-mixtral-legacy (one tensor per expert); granitemoe: tiny-granitemoe; "
+        "qwen2moe: tiny-qwen2moe; olmoe: tiny-olmoe; glm4moe: tiny-glm4moe; "
+        "gpt-oss: tiny-gptoss (--qtype MXFP4_MOE for MXFP4 experts)",
+    )
+    parser.add_argument(
+        "--arch",
+        choices=sorted(_ARCH_PRESETS),
+        help="architecture; without --preset its test preset, with one it must be the preset's",
     )
     parser.add_argument("--qtype", default="Q4_K_M", help="Q4_K_M, Q8_0, F16, F32 (or Q4_0...)")
     parser.add_argument("--seed", type=int, default=0)
@@ -49,11 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sdq.errors import ParamsError
     from sdq.synth.build import build_model, model_path, resolve_config
 
     overrides = {field: getattr(args, flag) for flag, field in _DIM_FLAGS.items()}
     overrides["tied_embeddings"] = args.tied
-    cfg = resolve_config(args.preset, **overrides)
+    preset = args.preset or _ARCH_PRESETS[args.arch or "qwen3moe"]
+    cfg = resolve_config(preset, **overrides)
+    if args.arch is not None and cfg.arch != args.arch:
+        raise ParamsError(f"preset {preset!r} is a {cfg.arch} model, not {args.arch}")
     cached = model_path(cfg, args.qtype, args.seed).is_file()
     t0 = time.perf_counter()
     path = build_model(

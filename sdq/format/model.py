@@ -50,7 +50,18 @@ ARCH_NORM_TOPK: dict[str, bool | None] = {
     "olmoe": False,
     "deepseek2": False,
     "gpt-oss": True,  # softmax over the selected logits
+    "granitemoe": True,  # softmax over all experts, the selected renormalised
+    "glm4moe": False,  # sigmoid scores; GLM-4.5 files set expert_weights_norm true
 }
+
+# Router gating when the file has no `{arch}.expert_gating_func` key (sdq.kernels.routing)
+ARCH_GATING: dict[str, str] = {"glm4moe": "sigmoid"}
+
+# Architectures whose RoPE rotates adjacent pairs (2i, 2i+1) of a head (llama.cpp's "normal"
+# RoPE); the others rotate i with i + n_rot/2 (NeoX).
+ROPE_NORM_ARCHES = ("llama", "deepseek2", "granitemoe")
+# Architectures with the granite scales (embedding, residual, attention, logit)
+GRANITE_ARCHES = ("granitemoe",)
 
 _PLAIN_DTYPES = {
     Q.F32: np.float32,
@@ -103,6 +114,35 @@ class HybridSpec:
 
 
 @dataclass(frozen=True)
+class MlaSpec:
+    """Multi-head latent attention (deepseek2) and its RoPE scaling, as llama.cpp reads them.
+
+    Each token's keys and values are compressed to a `kv_lora_rank` latent (attn_kv_a_mqa, then
+    attn_kv_a_norm) plus one `rope_dim` RoPE key shared by every head; the KV cache keeps only
+    those. Per head, attn_k_b [R, Dk - rope_dim] maps the query's non-RoPE part into the latent
+    space and attn_v_b [Dv, R] maps the attended latent to the head's value.
+    """
+
+    q_lora_rank: int  # 0: attn_q directly (V2-Lite); else attn_q_a, attn_q_a_norm, attn_q_b
+    kv_lora_rank: int  # R
+    key_length: int  # Dk: one head's query/key size, non-RoPE + RoPE (key_length_mla)
+    value_length: int  # Dv: one head's value size (value_length_mla)
+    rope_dim: int  # RoPE dims of each head (rope.dimension_count)
+    rope_scaling: str  # rope.scaling.type: "none", "linear" or "yarn"
+    rope_factor: float  # rope.scaling.factor (0: none)
+    rope_orig_ctx: int  # rope.scaling.original_context_length (default: context_length)
+    yarn_log_mul: float  # rope.scaling.yarn_log_multiplier / 0.1, as llama.cpp uses it
+    rope_attn_factor: float  # rope.scaling.attn_factor
+    yarn_beta_fast: float
+    yarn_beta_slow: float
+
+    @property
+    def cache_floats(self) -> int:
+        """Floats of one token's KV cache entry in one layer: the latent and the RoPE key."""
+        return self.kv_lora_rank + self.rope_dim
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     arch: str
     n_layer: int  # decoder layers of the forward pass (MTP/nextn layers excluded)
@@ -125,6 +165,21 @@ class ModelSpec:
     n_nextn_layer: int = 0  # MTP layers stored after the decoder layers (block_count - n_layer)
     dense_ffn: int = 0  # feed_forward_length of dense FFN layers, 0 if none
     hybrid: HybridSpec | None = None  # delta-net blocks (qwen35moe), None for attention only
+    rope_neox: bool = True  # RoPE pairs (i, i + n_rot/2); False: adjacent pairs (llama)
+    # granite scales; 0: absent (embeddings, residual branches and logits unscaled, attention
+    # scores scaled by 1/sqrt(head_dim))
+    embedding_scale: float = 0.0  # token embeddings times this
+    residual_scale: float = 0.0  # attention and FFN outputs times this before the residual add
+    attention_scale: float = 0.0  # the attention scores' scale
+    logit_scale: float = 0.0  # logits divided by this
+    # routers beyond softmax-top-K (sdq.kernels.routing) and leading dense-FFN layers
+    expert_gating: str = "softmax"  # "softmax" or "sigmoid" (expert_gating_func)
+    expert_weights_scale: float = 1.0  # routed weights times this
+    n_expert_groups: int = 0  # group-limited top-K: experts in this many groups (0/1: off)
+    n_group_used: int = 0  # groups kept per token
+    n_dense_lead: int = 0  # leading_dense_block_count: blocks 0..n-1 have a dense FFN
+    rope_dim: int = 0  # rope.dimension_count: rotated dims of each head (0: head_dim)
+    mla: MlaSpec | None = None  # multi-head latent attention (deepseek2), None: plain attention
 
 
 @dataclass(frozen=True)
@@ -373,11 +428,77 @@ def open_model(path: str | os.PathLike) -> Model:
         n_nextn_layer=n_nextn,
         dense_ffn=keys.int("feed_forward_length", default=0),
         hybrid=_hybrid_spec(path, keys, n_block, n_layer) if arch in HYBRID_ARCHES else None,
+        mla=_mla_spec(path, keys) if arch in MLA_ARCHES else None,
+        rope_neox=arch not in ROPE_NORM_ARCHES,
+        **_routing_keys(keys, arch),
+        **(_granite_scales(keys) if arch in GRANITE_ARCHES else {}),
     )
     return Model(path, spec, tensors, meta, header, experts)
 
 
+MLA_ARCHES = ("deepseek2",)
+
+
+def _mla_spec(path: Path, keys: _Keys) -> MlaSpec | None:
+    """deepseek2's attention keys; None for a file with the legacy fused attn_kv_b (no
+    key_length_mla): its anatomy can be shown, the engine refuses it (llama.cpp's converter
+    now writes the split attn_k_b / attn_v_b)."""
+    if f"{keys.arch}.attention.key_length_mla" not in keys.meta:
+        return None
+    rank = keys.int("attention.kv_lora_rank", minimum=1)
+    key_length = keys.int("attention.key_length_mla", minimum=2)
+    rope_dim = keys.int("rope.dimension_count", minimum=2, maximum=key_length - 1)
+    scaling = keys.meta.get(f"{keys.arch}.rope.scaling.type", "linear")
+    if scaling not in ("none", "linear", "yarn"):
+        raise UnsupportedError(f"{path}: rope.scaling.type {scaling!r} (none, linear, yarn)")
+    factor = keys.meta.get(f"{keys.arch}.rope.scaling.factor", 0.0)
+    log_mul = keys.meta.get(f"{keys.arch}.rope.scaling.yarn_log_multiplier", 0.0)
+    return MlaSpec(
+        q_lora_rank=keys.int("attention.q_lora_rank", default=0),
+        kv_lora_rank=rank,
+        key_length=key_length,
+        value_length=keys.int("attention.value_length_mla", minimum=1),
+        rope_dim=rope_dim,
+        rope_scaling=scaling,
+        rope_factor=float(np.float32(factor)),
+        rope_orig_ctx=keys.int(
+            "rope.scaling.original_context_length", default=keys.int("context_length", default=0)
+        ),
+        yarn_log_mul=float(np.float32(log_mul) / np.float32(0.1)),
+        rope_attn_factor=keys.float("rope.scaling.attn_factor", default=1.0),
+        yarn_beta_fast=keys.float("rope.scaling.yarn_beta_fast", default=32.0),
+        yarn_beta_slow=keys.float("rope.scaling.yarn_beta_slow", default=1.0),
+    )
+
+
 HYBRID_ARCHES = ("qwen35moe",)
+
+
+def _routing_keys(keys: _Keys, arch: str) -> dict[str, Any]:
+    """Router, dense-lead and partial-RoPE keys as llama.cpp reads them (defaults: absent)."""
+    gating = keys.int("expert_gating_func", default=0)
+    if gating not in (0, 1, 2):
+        raise UnsupportedError(
+            f"{keys.path}: {arch}.expert_gating_func {gating} (1 softmax and 2 sigmoid only)"
+        )
+    return {
+        "expert_gating": {1: "softmax", 2: "sigmoid"}.get(gating, ARCH_GATING.get(arch, "softmax")),
+        "expert_weights_scale": keys.float("expert_weights_scale", default=1.0),
+        "n_expert_groups": keys.int("expert_group_count", default=0),
+        "n_group_used": keys.int("expert_group_used_count", default=0),
+        "n_dense_lead": keys.int("leading_dense_block_count", default=0),
+        "rope_dim": keys.int("rope.dimension_count", default=0),
+    }
+
+
+def _granite_scales(keys: _Keys) -> dict[str, float]:
+    """granitemoe's scales as llama.cpp reads them: logit_scale required, the others optional."""
+    return {
+        "embedding_scale": keys.float("embedding_scale", default=0.0),
+        "residual_scale": keys.float("residual_scale", default=0.0),
+        "attention_scale": keys.float("attention.scale", default=0.0),
+        "logit_scale": keys.float("logit_scale"),
+    }
 
 
 def _hybrid_spec(path: Path, keys: _Keys, n_block: int, n_layer: int) -> HybridSpec | None:

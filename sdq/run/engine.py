@@ -14,11 +14,16 @@ One ubatch (`Engine.forward`) runs every layer over T tokens at positions pos0..
     per layer:
         a = rms_norm(x) ; q, k, v = a Wq, a Wk, a Wv        # [T, H*Dh], [T, Hkv*Dh] x2
         q, k = rms_norm per head (q_norm, k_norm), rope_neox
+                (llama, granitemoe: no q/k norm, adjacent-pair rope_norm)
         k, v -> KV cache[pos0 : pos0+T] ; x += attention(q, cache) Wo
         f = rms_norm(x) ; p = softmax(f Wr)                 # [T, E]
         top-K of p, renormalised ; union of chosen experts -> expert source
         x += sum_k p_k * down_k(silu(gate_k f) * up_k f)    # experts that are ready first
     logits = output(rms_norm(x[-1]))                        # [V]
+
+granitemoe scales the embeddings (embedding_scale), each attention and MoE output before its
+residual add (residual_scale), the attention scores (attention.scale instead of 1/sqrt(Dh)) and
+divides the logits by logit_scale.
 
 qwen35moe (sdq.run.qwen35_reference states it in NumPy) replaces the attention of most blocks
 by a gated delta-net (sdq.kernels.delta_net; its conv and recurrent states are workspace
@@ -26,6 +31,19 @@ buffers, zeroed by `reset`), gates the full attention's output with sigmoid valu
 with Q, rotates only the first rope_dim dims of each head, normalizes before the MoE with
 post_attention_norm, and adds a shared expert behind a sigmoid gate to the routed experts'
 sum. Its routed experts go through the expert source exactly as qwen3moe's.
+
+qwen2moe adds biases to q, k and v, has no QK norm, keeps the top-K router weights as they
+are (no renormalisation) and adds a resident shared expert behind a sigmoid gate (as
+qwen35moe's). olmoe normalizes the whole q [H*Dh] and k [Hkv*Dh] projections (one RMS norm per
+token, not per head) before RoPE, and does not renormalise either.
+
+glm4moe adds q/k/v biases, rotates only the first rope.dimension_count dims of each head
+(NeoX), normalizes before the FFN with post_attention_norm, runs a resident dense FFN
+(`DenseFFN`: down(silu(gate f) * up f)) in its first leading_dense_block_count blocks, and
+routes the others with sigmoid scores (sdq.kernels.routing): the exp_probs_b bias shifts the
+selection only, expert groups limit it, the chosen scores (renormalised) times
+expert_weights_scale weight the experts; an ungated shared expert adds to their sum. Its MTP
+blocks (nextn) are not run.
 
 The expert source is anything with the pager's `acquire / wait / views / release` API: the
 real `sdq.paging.cache.ExpertCache` (experts paged from the file into the arena) or
@@ -47,14 +65,18 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from sdq.errors import ReadError, SdqError, UnsupportedError
-from sdq.kernels import delta_net, dequantize, ops
+from sdq.kernels import delta_net, dequantize, ops, routing
 from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
 from sdq.kernels.dot import matmul_q
 from sdq.kernels.expert import QBlocks, expert_ffn
 from sdq.kernels.expert import supported as expert_kernel_supported
+from sdq.run import mla
 from sdq.run.workspace import Workspace
 
-SUPPORTED_ARCHS = ("qwen3moe", "qwen35moe", "gpt-oss")
+SUPPORTED_ARCHS = (
+    "qwen3moe", "qwen35moe", "llama", "granitemoe", "qwen2moe", "olmoe", "glm4moe", "deepseek2",
+    "gpt-oss",
+)  # fmt: skip
 PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "barrier", "other")
 
 
@@ -98,10 +120,26 @@ class LayerWeights:
     wk: Matrix  # [Hkv*Dh, D]
     wv: Matrix  # [Hkv*Dh, D]
     wo: Matrix  # [D, H*Dh]
-    q_norm: np.ndarray  # [Dh]
-    k_norm: np.ndarray  # [Dh]
-    ffn_norm: np.ndarray  # [D]
-    router: Matrix  # [E, D]
+    q_norm: np.ndarray | None  # [Dh]; None: no QK norm (llama, granitemoe); [H*Dh]: olmoe
+    k_norm: np.ndarray | None  # [Dh] per head, or [Hkv*Dh] over the whole projection (olmoe)
+    ffn_norm: np.ndarray  # [D] (ffn_norm, or post_attention_norm: glm4moe)
+    router: Matrix | None  # [E, D]; None in a dense-FFN layer
+    q_bias: np.ndarray | None = None  # [H*Dh] (qwen2moe); None: no bias
+    k_bias: np.ndarray | None = None  # [Hkv*Dh]
+    v_bias: np.ndarray | None = None  # [Hkv*Dh]
+    shared: SharedExpert | None = None  # beside the routed experts (qwen2moe)
+    dense: DenseFFN | None = None  # the FFN of a dense layer (leading_dense_block_count)
+    exp_probs_b: np.ndarray | None = None  # [E] expert selection bias (sigmoid routers)
+
+
+@dataclass
+class DenseFFN:
+    """A dense SwiGLU FFN, down(silu(gate x) * up x): the FFN of a leading dense layer
+    (glm4moe, deepseek2), resident like every dense tensor."""
+
+    gate: Matrix  # [Fd, D]
+    up: Matrix  # [Fd, D]
+    down: Matrix  # [D, Fd]
 
 
 @dataclass
@@ -136,7 +174,7 @@ class SharedExpert:
     gate: Matrix  # [Fs, D]
     up: Matrix  # [Fs, D]
     down: Matrix  # [D, Fs]
-    gate_inp: np.ndarray  # [1, D] sigmoid gate of the expert's output
+    gate_inp: np.ndarray | None = None  # [1, D] sigmoid gate of the expert's output; None: ungated
 
 
 @dataclass
@@ -205,8 +243,13 @@ class DenseWeights:
         embd = matrix("token_embd.weight")
         output = matrix("output.weight") if "output.weight" in tensors else embd
         layers = []
+        if model.spec.arch == "deepseek2":  # multi-head latent attention (sdq.run.mla)
+            mla.check(model)
+            layers = mla.load_layers(model, matrix, vector, DenseFFN, SharedExpert)
+            return cls(embd, vector("output_norm.weight"), output, layers)
         if model.spec.hybrid is not None:
             layers = [_hybrid_layer(model, il, matrix, vector) for il in range(model.spec.n_layer)]
+        moe = frozenset(int(i) for i in model.spec.moe_layers)
         for il in range(model.spec.n_layer if model.spec.hybrid is None else 0):
             p = f"blk.{il}."
             layers.append(
@@ -216,13 +259,53 @@ class DenseWeights:
                     wk=matrix(p + "attn_k.weight"),
                     wv=matrix(p + "attn_v.weight"),
                     wo=matrix(p + "attn_output.weight"),
-                    q_norm=vector(p + "attn_q_norm.weight"),
-                    k_norm=vector(p + "attn_k_norm.weight"),
-                    ffn_norm=vector(p + "ffn_norm.weight"),
-                    router=matrix(p + "ffn_gate_inp.weight"),
+                    q_norm=_optional(vector, tensors, p + "attn_q_norm.weight"),
+                    k_norm=_optional(vector, tensors, p + "attn_k_norm.weight"),
+                    ffn_norm=vector(_ffn_norm_name(tensors, p)),
+                    router=matrix(p + "ffn_gate_inp.weight") if il in moe else None,
+                    q_bias=_optional(vector, tensors, p + "attn_q.bias"),
+                    k_bias=_optional(vector, tensors, p + "attn_k.bias"),
+                    v_bias=_optional(vector, tensors, p + "attn_v.bias"),
+                    shared=_shared_expert_weights(tensors, p, matrix, vector),
+                    dense=None if il in moe else _dense_ffn(p, matrix),
+                    exp_probs_b=_optional(vector, tensors, p + "exp_probs_b.bias"),
                 )
             )
         return cls(embd, vector("output_norm.weight"), output, layers)
+
+
+def _optional(read, tensors, name: str):
+    """read(name), or None when the file has no such tensor."""
+    return read(name) if name in tensors else None
+
+
+def _ffn_norm_name(tensors, p: str) -> str:
+    """The norm before block p's FFN: ffn_norm, or post_attention_norm (glm4moe)."""
+    name = p + "ffn_norm.weight"
+    post = p + "post_attention_norm.weight"
+    return post if name not in tensors and post in tensors else name
+
+
+def _dense_ffn(p: str, matrix) -> DenseFFN:
+    """Block p's dense FFN (ffn_gate/up/down); a missing tensor is a one-line refusal."""
+    return DenseFFN(
+        gate=matrix(p + "ffn_gate.weight"),
+        up=matrix(p + "ffn_up.weight"),
+        down=matrix(p + "ffn_down.weight"),
+    )
+
+
+def _shared_expert_weights(tensors, p: str, matrix, vector) -> SharedExpert | None:
+    """Block p's shared expert (ffn_*_shexp; gated when ffn_gate_inp_shexp is there), or None."""
+    if p + "ffn_up_shexp.weight" not in tensors:
+        return None
+    gate_inp = _optional(vector, tensors, p + "ffn_gate_inp_shexp.weight")
+    return SharedExpert(
+        gate=matrix(p + "ffn_gate_shexp.weight"),
+        up=matrix(p + "ffn_up_shexp.weight"),
+        down=matrix(p + "ffn_down_shexp.weight"),
+        gate_inp=None if gate_inp is None else gate_inp.reshape(1, -1),
+    )
 
 
 def _hybrid_layer(model, il: int, matrix, vector) -> HybridLayer:
@@ -395,10 +478,12 @@ class Engine:
             raise UnsupportedError(f"{model.path}: architecture {spec.arch!r} is not supported")
         if spec.arch == "qwen35moe":
             _check_hybrid(model)
-        elif spec.n_shared_expert:
+        elif spec.n_shared_expert and spec.arch == "qwen3moe":
             raise UnsupportedError(
                 f"{model.path}: {spec.n_shared_expert} shared experts (qwen3moe has none)"
             )
+        if spec.arch == "deepseek2":
+            mla.check(model)
         if spec.n_head % spec.n_head_kv:
             raise UnsupportedError(
                 f"{model.path}: n_head {spec.n_head} not a multiple of n_head_kv {spec.n_head_kv}"
@@ -407,11 +492,14 @@ class Engine:
         self.n_ctx, self.n_ubatch = n_ctx, n_ubatch
         self.weights = weights if weights is not None else DenseWeights.load(model)
         self.moe_layers = frozenset(int(i) for i in spec.moe_layers)
-        if len(self.moe_layers) != spec.n_layer:
+        dense = [il for il in range(spec.n_layer) if il not in self.moe_layers]
+        if dense and (spec.hybrid is not None or not spec.dense_ffn):
             raise UnsupportedError(
-                f"{model.path}: {spec.n_layer - len(self.moe_layers)} dense-FFN layers"
-                " (qwen3moe layers are all MoE)"
+                f"{model.path}: {len(dense)} dense-FFN layers"
+                f" ({spec.arch} layers are all MoE, or no feed_forward_length)"
             )
+        if spec.expert_gating not in ("softmax", "sigmoid"):
+            raise UnsupportedError(f"{model.path}: expert gating {spec.expert_gating!r}")
         self.expert_shapes = _expert_shapes(spec)
         table = model.experts
         if getattr(table, "fused_gate_up", False):
@@ -470,10 +558,15 @@ class Engine:
         ws, w = self.ws, self.weights
         x = ws.x[:T]  # [T, D]
         x[:] = w.token_embd.rows_of(tokens)
+        if self.spec.embedding_scale:  # granitemoe
+            x *= np.float32(self.spec.embedding_scale)
         positions = np.arange(self.n_past, self.n_past + T, dtype=np.float32)
         hy = self.spec.hybrid
-        n_rot = hy.rope_dim if hy is not None else self.spec.head_dim
-        self._rope = ops.rope_tables(positions, self.spec.rope_base, n_rot)
+        n_rot = hy.rope_dim if hy is not None else (self.spec.rope_dim or self.spec.head_dim)
+        if self.spec.mla is not None:  # deepseek2: adjacent-pair RoPE with YaRN
+            self._rope = mla.rope_tables(self.spec, positions)
+        else:
+            self._rope = ops.rope_tables(positions, self.spec.rope_base, n_rot)
         self.timers.add("other", time.perf_counter() - t0)
 
         for il, lw in enumerate(w.layers):
@@ -482,6 +575,8 @@ class Engine:
                     self._delta_net_block(il, lw, T)
                 else:
                     self._gated_attention_block(il, lw, T)
+            elif isinstance(lw, mla.MlaLayer):
+                mla.attention_block(self, il, lw, T)
             else:
                 self._attention_block(il, lw, T)
             self._moe_block(il, lw, T)
@@ -499,6 +594,8 @@ class Engine:
             ops.rms_norm(x, w.output_norm, self.spec.rms_eps, xn)
             out = np.empty((T, self.spec.n_vocab), np.float32)
             w.output.mul(Activations(xn), out)
+        if out is not None and self.spec.logit_scale:  # granitemoe: logits / logit_scale
+            out *= np.float32(1.0) / np.float32(self.spec.logit_scale)
         t_end = time.perf_counter()
         self.timers.add("other", t_end - t0)
         marks = self.timers.marks
@@ -519,20 +616,39 @@ class Engine:
         lw.wq.mul(acts, q)
         lw.wk.mul(acts, k)
         lw.wv.mul(acts, v)
+        for proj, bias in ((q, lw.q_bias), (k, lw.k_bias), (v, lw.v_bias)):
+            if bias is not None:
+                proj += bias
         q3 = q.reshape(T, H, Dh)
         k3 = k.reshape(T, Hkv, Dh)
-        ops.rms_norm(q3, lw.q_norm, eps, q3)
-        ops.rms_norm(k3, lw.k_norm, eps, k3)
+        if lw.q_norm is not None:
+            _qk_norm(q, q3, lw.q_norm, eps)
+            _qk_norm(k, k3, lw.k_norm, eps)
         cos, sin = self._rope  # [T, Dh/2] each, for this ubatch's positions
-        ops.rope_neox(q3, cos, sin)
-        ops.rope_neox(k3, cos, sin)
+        rope = ops.rope_neox if s.rope_neox else ops.rope_norm
+        n_rot = s.rope_dim or Dh
+        if n_rot < Dh:  # partial RoPE (glm4moe): the first n_rot dims of each head
+            rope(q3[:, :, :n_rot], cos, sin)
+            rope(k3[:, :, :n_rot], cos, sin)
+        else:
+            rope(q3, cos, sin)
+            rope(k3, cos, sin)
         ws.k_cache[il, p0 : p0 + T] = k
         ws.v_cache[il, p0 : p0 + T] = v
         attn = ws.attn[:T]  # [T, H*Dh]
         ops.attention(
-            q3, ws.k_cache[il], ws.v_cache[il], p0, Hkv, ws.scores, attn.reshape(T, H, Dh)
+            q3,
+            ws.k_cache[il],
+            ws.v_cache[il],
+            p0,
+            Hkv,
+            ws.scores,
+            attn.reshape(T, H, Dh),
+            s.attention_scale or None,
         )
         lw.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
+        if s.residual_scale:  # granitemoe
+            xn *= np.float32(s.residual_scale)
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)
 
@@ -606,14 +722,18 @@ class Engine:
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)
 
-    def _shared_expert(self, lw: HybridLayer, T: int, acts: Activations, out: np.ndarray):
-        """out += sigmoid(xn . w_gate) * down(silu(gate xn) * up xn); acts holds xn [T, D]."""
+    def _shared_expert(self, lw, T: int, acts: Activations, out: np.ndarray):
+        """out += sigmoid(xn . w_gate) * down(silu(gate xn) * up xn); acts holds xn [T, D].
+        Without a gate vector (sh.gate_inp None) the expert's output is added as it is."""
         ws, sh = self.ws, lw.shared
         g, u, d, w = ws.shexp_gate[:T], ws.shexp_up[:T], ws.shexp_out[:T], ws.shexp_w[:T]
         sh.gate.mul(acts, g)
         sh.up.mul(acts, u)
         ops.silu_mul(g, u)
         sh.down.mul(Activations(g), d)
+        if sh.gate_inp is None:
+            out += d
+            return
         np.dot(ws.xn[:T], sh.gate_inp[0], out=w[:, 0])
         np.negative(w, out=w)
         np.exp(w, out=w)
@@ -621,7 +741,42 @@ class Engine:
         d /= w
         out += d
 
+    def _route(self, lw, logits: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
+        """Router logits [T, E] -> the K chosen experts ids [T, K] and their weights [T, K]:
+        softmax (qwen3moe...) or sigmoid with a selection bias and expert groups (glm4moe),
+        renormalised per norm_topk_prob, times expert_weights_scale."""
+        s = self.spec
+        scale = s.expert_weights_scale
+        bias = getattr(lw, "exp_probs_b", None)  # [E] or None
+        if s.expert_gating != "softmax" or bias is not None or s.n_expert_groups > 1:
+            routing.route_topk(
+                logits, s.expert_gating, bias, s.n_expert_used, s.norm_topk_prob, scale, ids,
+                weights, s.n_expert_groups, s.n_group_used,
+            )  # fmt: skip
+            return
+        ops.softmax_topk(logits, s.n_expert_used, s.norm_topk_prob, ids, weights)
+        if scale != 1.0:
+            weights *= np.float32(scale)
+
+    def _dense_ffn_block(self, lw: LayerWeights, T: int) -> None:
+        """A dense layer's FFN: x += down(silu(gate xn) * up xn), all weights resident."""
+        t0 = time.perf_counter()
+        s, ws, f = self.spec, self.ws, lw.dense
+        x, xn, out = ws.x[:T], ws.xn[:T], ws.ffn_out[:T]  # [T, D]
+        g, u = ws.dense_gate[:T], ws.dense_up[:T]  # [T, Fd]
+        ops.rms_norm(x, lw.ffn_norm, s.rms_eps, xn)
+        acts = Activations(xn)
+        f.gate.mul(acts, g)
+        f.up.mul(acts, u)
+        ops.silu_mul(g, u)
+        f.down.mul(Activations(g), out)
+        x += out
+        self.timers.add("other", time.perf_counter() - t0)
+
     def _moe_block(self, il: int, lw: LayerWeights, T: int) -> None:
+        if getattr(lw, "dense", None) is not None:
+            self._dense_ffn_block(lw, T)
+            return
         t0 = time.perf_counter()
         s, ws = self.spec, self.ws
         K = s.n_expert_used
@@ -631,7 +786,7 @@ class Engine:
         acts = Activations(xn)
         lw.router.mul(acts, router)
         ids, weights = ws.topk_ids[:T], ws.topk_w[:T]  # [T, K]
-        ops.softmax_topk(router, K, s.norm_topk_prob, ids, weights)
+        self._route(lw, router, ids, weights)
         if self.route_log is not None:
             self.route_log.write_batch(self.phase, self.n_past, il, ids, weights)
         union = np.unique(ids)  # [U]
@@ -668,8 +823,10 @@ class Engine:
         out[:] = parts[:, 0]
         for k in range(1, K):  # top-K order: the sum does not depend on which experts were hits
             out += parts[:, k]
-        if isinstance(lw, HybridLayer):
+        if lw.shared is not None:  # qwen35moe, qwen2moe
             self._shared_expert(lw, T, acts, out)
+        if s.residual_scale:  # granitemoe
+            out *= np.float32(s.residual_scale)
         x += out
         t2 = time.perf_counter()
         self.timers.add("io_wait", wait_s)
@@ -684,7 +841,7 @@ class Engine:
         starts reading them behind il's misses. Returns the seconds spent."""
         t0 = time.perf_counter()
         s, ws, nxt = self.spec, self.ws, self.weights.layers[il + 1]
-        if ws.router.shape[0] < 2:
+        if ws.router.shape[0] < 2 or getattr(nxt, "router", 0) is None:
             return 0.0
         xin, logits = ws.ffn_in[0, :1], ws.router[1:2]  # [1, D], [1, E]: idle in a decode step
         ids, w = ws.topk_ids[1:2], ws.topk_w[1:2]  # [1, K]
@@ -693,7 +850,7 @@ class Engine:
             np.dot(nxt.router.raw, xin[0], out=logits[0])
         else:
             nxt.router.mul(Activations(xin), logits)
-        ops.softmax_topk(logits, s.n_expert_used, s.norm_topk_prob, ids, w)
+        self._route(nxt, logits, ids, w)
         tp = time.perf_counter()
         self.experts.prefetch(il + 1, ids[0, : self.prefetch_next])  # most probable first
         t1 = time.perf_counter()
@@ -862,6 +1019,13 @@ def _check_hybrid(model) -> None:
             raise UnsupportedError(f"{path}: block {il} has no attn_q (fused attn_qkv?)")
     if "blk.0.ssm_ba.weight" in model.tensors:
         raise UnsupportedError(f"{path}: fused ssm_ba tensors (separate ssm_alpha/ssm_beta only)")
+
+
+def _qk_norm(x: np.ndarray, x3: np.ndarray, weight: np.ndarray, eps: float) -> None:
+    """RMS norm in place of each head of x3 [T, H, Dh] when weight is [Dh], or of each whole
+    row of x [T, H*Dh] (the same array) when weight is [H*Dh] (olmoe)."""
+    rows = x3 if weight.shape[0] == x3.shape[-1] else x
+    ops.rms_norm(rows, weight, eps, rows)
 
 
 def pool_barrier(spans, workers: int, t_handed: float, t_end: float) -> float:

@@ -2,6 +2,7 @@
 
     slots = floor((budget - process - dense - kv - compute - transient - pager - reserve)
                   / (slot_bytes + per-slot metadata))
+    slots = min(slots, routed experts in the file + the largest policy's streaming slots)
 
 Every term is known before anything big is allocated (seed 000 §5: the compute buffer that
 grew after sizing the arena is what crashed the 8 GB machine):
@@ -61,7 +62,7 @@ from dataclasses import asdict, dataclass, replace
 
 from sdq.errors import PlanError
 from sdq.paging.cache import CacheSettings
-from sdq.paging.policies import SlotSplit, min_slots, split_slots
+from sdq.paging.policies import BY_NAME, SlotSplit, min_slots, split_slots
 from sdq.paging.reads import SlotLayout, expert_table
 from sdq.units import MIB
 
@@ -233,6 +234,10 @@ def transient_bytes(spec, n_ubatch: int, compute_threads: int = 1) -> int:
       route indices            [T, K] int64 twice (np.nonzero of a ubatch's routes)
       qwen35moe                the delta-net output [T, Hv*S] and the shared expert's hidden
                                rows [T, Fs] as 8-bit blocks
+      shared expert            (qwen2moe) its hidden rows [T, Fs] as 8-bit blocks
+      dense FFN layers         (glm4moe) the hidden rows [T, Fd] as 8-bit blocks
+      MLA                      (deepseek2) one head's query and latent rows, copied and
+                               converted, and the heads' values [T, H*Dv] converted
     """
     T, D, F = n_ubatch, spec.n_embd, spec.expert_ffn
     HD, Dh, K = spec.n_head * spec.head_dim, spec.head_dim, spec.n_expert_used
@@ -247,6 +252,17 @@ def transient_bytes(spec, n_ubatch: int, compute_threads: int = 1) -> int:
     hybrid = getattr(spec, "hybrid", None)
     if hybrid is not None:  # qwen35moe: delta-net output and shared-expert hidden rows converted
         arrays += 5 * T * (hybrid.inner_size + spec.shared_ffn) // 2
+    elif getattr(spec, "shared_ffn", 0):  # qwen2moe: the shared expert's hidden rows converted
+        arrays += 5 * T * spec.shared_ffn // 2
+    from sdq.run.workspace import has_dense_layers
+
+    if has_dense_layers(spec):  # a dense layer's FFN hidden rows converted
+        arrays += 5 * T * spec.dense_ffn // 2
+    mla = getattr(spec, "mla", None)
+    if mla is not None:  # deepseek2 (sdq.run.mla): a head's query and latent rows, copied
+        per_head = mla.key_length - mla.rope_dim + mla.kv_lora_rank
+        arrays += 4 * T * per_head + 5 * T * per_head // 2  # and converted; values converted
+        arrays += 5 * T * mla.value_length * spec.n_head // 2
     return pages(arrays) + RUN_OBJECTS_BYTES
 
 
@@ -465,7 +481,7 @@ def plan_memory(
         thread_stack_bytes=stack,
     )
     left = budget - base.fixed_bytes
-    slots = max(left // base.per_slot_bytes, 0)
+    slots = min(max(left // base.per_slot_bytes, 0), useful_slots(table, K, cache.prefetch_slots))
     if slots < base.min_slots:
         streaming = base.min_slots - K
         needs = f"experts used per token {K}"
@@ -481,6 +497,15 @@ def plan_memory(
             f"transient {base.transient_bytes / MIB:.1f}, reserve {reserve_mb:g} MB)"
         )
     return replace(base, slots=int(slots))
+
+
+def useful_slots(table, n_expert_used: int, prefetch_slots: int) -> int:
+    """The most slots a cache can use: one per routed expert in the file, plus the largest
+    streaming share of any policy. A budget beyond that leaves the rest unallocated, so a
+    20 GB budget on a 60 MB model maps an arena the size of the model's experts, not 20 GB."""
+    n_experts = len(table.layers) * int(table.n_expert)
+    streaming = max(p.streaming_slots(n_expert_used, prefetch_slots) for p in BY_NAME.values())
+    return n_experts + streaming
 
 
 def plan_for_slots(

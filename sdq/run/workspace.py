@@ -62,7 +62,25 @@ def workspace_layout(
     }
     if hybrid is not None:
         layout.update(_hybrid_layout(spec, hybrid, T))
+    elif getattr(spec, "shared_ffn", 0):  # a shared expert beside the routed ones (qwen2moe)
+        layout.update(_shared_expert_layout(spec, T))
+    if has_dense_layers(spec):  # leading dense-FFN layers (glm4moe, deepseek2); output in ffn_out
+        Fd = spec.dense_ffn
+        layout["dense_gate"] = ((T, Fd), np.float32)  # gate projection, then silu(gate) * up
+        layout["dense_up"] = ((T, Fd), np.float32)
+    if getattr(spec, "mla", None) is not None:  # deepseek2: a compressed KV cache (sdq.run.mla)
+        from sdq.run.mla import workspace_layout as mla_layout
+
+        for name in ("k_cache", "v_cache", "k", "v"):
+            del layout[name]
+        layout.update(mla_layout(spec, C, T))
     return layout
+
+
+def has_dense_layers(spec) -> bool:
+    """Whether some decoder layers have a dense FFN instead of routed experts."""
+    moe = getattr(spec, "moe_layers", ())
+    return getattr(spec, "hybrid", None) is None and 0 < len(moe) < spec.n_layer
 
 
 def _hybrid_layout(spec, hy, T: int) -> dict[str, tuple[tuple[int, ...], type]]:
@@ -72,8 +90,8 @@ def _hybrid_layout(spec, hy, T: int) -> dict[str, tuple[tuple[int, ...], type]]:
     Lr delta-net blocks, Kc conv taps, Cc conv channels, Hv value heads, S state size,
     Fs shared-expert FFN size."""
     Lr, Kc, Cc = len(hy.recurrent_layers), hy.conv_kernel, hy.conv_channels
-    Hv, S, Fs = hy.v_heads, hy.state, spec.shared_ffn
-    H, Dh, D = spec.n_head, spec.head_dim, spec.n_embd
+    Hv, S = hy.v_heads, hy.state
+    H, Dh = spec.n_head, spec.head_dim
     return {
         "conv_cache": ((Lr, Kc - 1, Cc), np.float32),  # the last Kc-1 conv inputs
         "ssm_cache": ((Lr, Hv, S, S), np.float32),  # the delta-net state
@@ -85,6 +103,14 @@ def _hybrid_layout(spec, hy, T: int) -> dict[str, tuple[tuple[int, ...], type]]:
         "lin": ((T, Hv * S), np.float32),  # delta-net output
         "alpha": ((T, Hv), np.float32),  # -> log decay g
         "beta": ((T, Hv), np.float32),
+        **_shared_expert_layout(spec, T),
+    }
+
+
+def _shared_expert_layout(spec, T: int) -> dict[str, tuple[tuple[int, ...], type]]:
+    """The shared expert's buffers (Fs shared-expert FFN size)."""
+    Fs, D = spec.shared_ffn, spec.n_embd
+    return {
         "shexp_gate": ((T, Fs), np.float32),
         "shexp_up": ((T, Fs), np.float32),
         "shexp_out": ((T, D), np.float32),

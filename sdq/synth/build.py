@@ -48,8 +48,10 @@ from sdq.errors import ParamsError, SdqError
 
 SYNTH_FORMAT_VERSION = 2  # bump whenever the bytes of a model change
 ARCH = "qwen3moe"
-ARCHES = (ARCH, "qwen35moe")
+ARCHES = (ARCH, "qwen35moe", "llama", "granitemoe", "qwen2moe", "olmoe", "glm4moe", "deepseek2")
 ARCHES += ("gpt-oss",)  # sdq.synth.gpt_oss
+STANDARD_MOE_ARCHES = ("qwen2moe", "olmoe")  # sdq.synth.standard_moe
+LLAMA_MOE_ARCHES = ("llama", "granitemoe")  # sdq.synth.llama_moe
 K_QUANT_BLOCK = 256
 
 # qtype name -> llama_ftype number (llama.h); F32 and F16 are written directly.
@@ -107,6 +109,12 @@ class SynthConfig:
     # llama.cpp quantizer overrides: (regular expression on tensor names, GGML type name);
     # left out of params() when empty
     tensor_types: tuple[tuple[str, str], ...] = ()
+    # llama / granitemoe only (sdq.synth.llama_moe); left out of params() for the others
+    legacy_experts: bool = False  # one 2-D tensor per expert and part (early Mixtral files)
+    embedding_scale: float = 1.0  # granitemoe's scales
+    residual_scale: float = 1.0
+    attention_scale: float = 0.125
+    logit_scale: float = 1.0
 
     def validate(self) -> SynthConfig:
         def need(ok: bool, what: str) -> None:
@@ -165,6 +173,11 @@ class SynthConfig:
                 len(self.rope_sections) == 4 and 2 * sum(self.rope_sections) <= self.rope_dim,
                 f"rope_sections {self.rope_sections}: 4 sections summing to <= rope_dim / 2",
             )
+        if self.arch in STANDARD_MOE_ARCHES:
+            from sdq.synth.standard_moe import problems
+
+            for problem in problems(self):
+                need(False, problem)
         return self
 
     @property
@@ -178,6 +191,18 @@ class SynthConfig:
         out = dataclasses.asdict(self)
         if self.arch == ARCH:
             for name in QWEN35_FIELDS:
+                del out[name]
+        if self.arch not in LLAMA_MOE_ARCHES:
+            for name in LLAMA_MOE_FIELDS:
+                del out[name]
+        if self.arch in STANDARD_MOE_ARCHES:
+            from sdq.synth.standard_moe import CONFIG_FIELDS
+
+            for name in QWEN35_FIELDS:
+                if name not in CONFIG_FIELDS[self.arch]:
+                    del out[name]
+        elif self.arch in LLAMA_MOE_ARCHES:
+            for name in QWEN35_FIELDS[1:]:
                 del out[name]
         if not self.tensor_types:
             del out["tensor_types"]
@@ -194,6 +219,15 @@ QWEN35_FIELDS = (
     "shared_ffn",
     "rope_dim",
     "rope_sections",
+)
+
+
+LLAMA_MOE_FIELDS = (
+    "legacy_experts",
+    "embedding_scale",
+    "residual_scale",
+    "attention_scale",
+    "logit_scale",
 )
 
 
@@ -244,6 +278,45 @@ PRESETS: dict[str, SynthConfig] = {
         head_dim=256,
         route_rank=16,
         tensor_types=(("ffn_down_exps", "Q5_K"),),
+    ),
+    # qwen2moe: q/k/v biases, a shared expert (FFN 512) beside 16 routed experts top-4, no
+    # renormalised top-K weights; H * Dh = n_embd (llama.cpp's attn_q and attn_output shapes)
+    "tiny-qwen2moe": SynthConfig(
+        name="tiny-qwen2moe",
+        arch="qwen2moe",
+        n_layer=3,
+        n_expert=16,
+        n_expert_used=4,
+        shared_ffn=512,
+    ),
+    # olmoe: RMS norms over the whole q and k projections, 16 experts top-4, no GQA (llama.cpp
+    # makes its k norm [n_embd])
+    "tiny-olmoe": SynthConfig(
+        name="tiny-olmoe",
+        arch="olmoe",
+        n_layer=3,
+        n_expert=16,
+        n_expert_used=4,
+        n_head_kv=4,
+    ),
+    # llama with experts (Mixtral): 8 experts top-2, normal RoPE, no Q/K norms
+    "tiny-mixtral": SynthConfig(name="tiny-mixtral", arch="llama"),
+    # the same model with one tensor per expert and part, as early Mixtral GGUF files
+    "tiny-mixtral-legacy": SynthConfig(
+        name="tiny-mixtral-legacy", arch="llama", legacy_experts=True
+    ),
+    # granitemoe: 16 experts top-4, tied embeddings, every granite scale away from 1
+    "tiny-granitemoe": SynthConfig(
+        name="tiny-granitemoe",
+        arch="granitemoe",
+        n_expert=16,
+        n_expert_used=4,
+        tied_embeddings=True,
+        embedding_scale=2.0,
+        residual_scale=0.5,
+        attention_scale=0.09,
+        logit_scale=2.0,
+        logit_std=6.0,
     ),
 }
 
@@ -341,7 +414,12 @@ def _build(cfg: SynthConfig, q: str, seed: int, final: Path, *, progress: bool, 
     tmp = final.with_name(f".{final.name}.{pid}.tmp")
     source = final.with_name(f".{final.name}.{pid}.src.tmp")
     try:
-        if q in ("F32", "F16"):
+        if cfg.legacy_experts:
+            from sdq.synth import llama_moe
+
+            merged = build_model(llama_moe.merged_config(cfg), q, seed, nthread=nthread)
+            llama_moe.split_experts(merged, tmp)
+        elif q in ("F32", "F16"):
             write_gguf(cfg, seed, tmp, dtype=q, progress=progress, threads=nthread)
         else:
             _llama_cpp()  # fail before spending minutes on the F16 source
@@ -413,11 +491,31 @@ def tensor_plan(cfg: SynthConfig, dtype: str) -> list[tuple[str, tuple[int, ...]
 
         for i in range(cfg.n_layer):
             plan += qwen35.block_plan(cfg, i, big)
+    if cfg.arch in LLAMA_MOE_ARCHES:
+        from sdq.synth import llama_moe
+
+        for i in range(cfg.n_layer):
+            plan += llama_moe.block_plan(cfg, i, big)
+    if cfg.arch in STANDARD_MOE_ARCHES:
+        from sdq.synth import standard_moe
+
+        for i in range(cfg.n_layer):
+            plan += standard_moe.block_plan(cfg, i, big)
+    if cfg.arch == "deepseek2":
+        from sdq.synth import deepseek2
+
+        for i in range(cfg.n_layer):
+            plan += deepseek2.block_plan(cfg, i, big)
     if cfg.arch == "gpt-oss":
         from sdq.synth import gpt_oss
 
         for i in range(cfg.n_layer):
             plan += gpt_oss.block_plan(cfg, i, big)
+    if cfg.arch == "glm4moe":
+        from sdq.synth import glm4moe
+
+        for i in range(cfg.n_layer + cfg.n_nextn):  # the decoder blocks, then the MTP blocks
+            plan += glm4moe.block_plan(cfg, i, big)
     for i in range(cfg.n_layer if cfg.arch == ARCH else 0):
         b = f"blk.{i}."
         plan += [
@@ -517,17 +615,9 @@ def write_gguf(
 
 def _make_tensor(w, name: str, shape: tuple[int, ...], dt, pool) -> np.ndarray:
     out = np.empty(shape, dt)  # filled in parallel slices: the draws release the GIL
-    if w.cfg.arch == "qwen35moe":
-        from sdq.synth import qwen35
-
-        values = qwen35.make_tensor(w, name, shape)
-        if values is not None:
-            out[...] = values
-            return out
-    if w.cfg.arch == "gpt-oss":
-        from sdq.synth import gpt_oss
-
-        values = gpt_oss.make_tensor(w, name, shape)
+    module = cfg_arch_module(w.cfg)
+    if module is not None:
+        values = module.make_tensor(w, name, shape)
         if values is not None:
             out[...] = values
             return out
@@ -559,31 +649,65 @@ def _make_tensor(w, name: str, shape: tuple[int, ...], dt, pool) -> np.ndarray:
     return out
 
 
+def cfg_arch_module(cfg):
+    """The module with an architecture's own tensors and keys (None for qwen3moe)."""
+    if cfg.arch == "deepseek2":
+        from sdq.synth import deepseek2
+
+        return deepseek2
+    if cfg.arch == "qwen35moe":
+        from sdq.synth import qwen35
+
+        return qwen35
+    if cfg.arch in LLAMA_MOE_ARCHES:
+        from sdq.synth import llama_moe
+
+        return llama_moe
+    if cfg.arch in STANDARD_MOE_ARCHES:
+        from sdq.synth import standard_moe
+
+        return standard_moe
+    if cfg.arch == "glm4moe":
+        from sdq.synth import glm4moe
+
+        return glm4moe
+    if cfg.arch == "gpt-oss":
+        from sdq.synth import gpt_oss
+
+        return gpt_oss
+    return None
+
+
 def _add_metadata(writer, cfg: SynthConfig, seed: int, vocab, dtype: str) -> None:
     writer.add_name(f"sdq synthetic {cfg.name}")
     writer.add_file_type(QTYPES[dtype])
     writer.add_context_length(cfg.n_ctx_train)
     writer.add_embedding_length(cfg.n_embd)
-    writer.add_block_count(cfg.n_layer)
-    writer.add_feed_forward_length(cfg.expert_ffn * cfg.n_expert_used)
-    writer.add_expert_feed_forward_length(cfg.expert_ffn)
+    writer.add_block_count(cfg.n_layer + getattr(cfg, "n_nextn", 0))  # MTP blocks (glm4moe)
+    # llama and granitemoe size their expert tensors by feed_forward_length
+    ffn = cfg.expert_ffn if cfg.arch in LLAMA_MOE_ARCHES else cfg.expert_ffn * cfg.n_expert_used
+    if cfg.arch in STANDARD_MOE_ARCHES:
+        from sdq.synth import standard_moe
+
+        ffn = standard_moe.feed_forward_length(cfg)
+    if cfg.arch == "glm4moe":  # the dense blocks' FFN
+        ffn = cfg.dense_ffn
+    writer.add_feed_forward_length(ffn)
+    if cfg.arch != "olmoe":  # olmoe files size their experts by feed_forward_length only
+        writer.add_expert_feed_forward_length(cfg.expert_ffn)
     writer.add_head_count(cfg.n_head)
     writer.add_head_count_kv(cfg.n_head_kv)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.rope_dim if cfg.arch == "qwen35moe" else cfg.head_dim)
+    partial_rope = cfg.arch in ("qwen35moe", "glm4moe")
+    writer.add_rope_dimension_count(cfg.rope_dim if partial_rope else cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_base)
     writer.add_layer_norm_rms_eps(cfg.rms_eps)
     writer.add_expert_count(cfg.n_expert)
     writer.add_expert_used_count(cfg.n_expert_used)
-    if cfg.arch == "qwen35moe":
-        from sdq.synth import qwen35
-
-        qwen35.add_metadata(writer, cfg)
-    if cfg.arch == "gpt-oss":
-        from sdq.synth import gpt_oss
-
-        gpt_oss.add_metadata(writer, cfg)
+    module = cfg_arch_module(cfg)
+    if module is not None:
+        module.add_metadata(writer, cfg)
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
@@ -671,4 +795,6 @@ class _quiet_llama_log:
 
 
 # presets defined beside their architecture's writer, which adds them to PRESETS on import
+from sdq.synth import deepseek2 as _deepseek2  # noqa: E402, F401
+from sdq.synth import glm4moe as _glm4moe  # noqa: E402, F401
 from sdq.synth import gpt_oss as _gpt_oss  # noqa: E402, F401
