@@ -1,0 +1,98 @@
+"""qwen2moe: the engine against llama.cpp on the synthetic `tiny-qwen2moe` model (q/k/v
+biases, no QK norm, 16 routed experts top-4 whose weights are not renormalised, a shared
+expert behind a sigmoid gate), paged against resident experts, `sdq chat` under a budget, and
+the file's anatomy."""
+
+import numpy as np
+import pytest
+from llama_support import N_UBATCH, llama, random_tokens
+from standard_moe_support import (
+    chat_summary,
+    chat_under_budget,
+    f32_logits_error,
+    greedy_both,
+    paged_and_resident,
+    sdq_engine,
+    teacher_forced,
+)
+
+from sdq.format.model import anatomy, open_model
+from sdq.synth.build import build_model
+
+PRESET = "tiny-qwen2moe"
+
+
+@pytest.fixture(scope="module")
+def f32_path(llama_cpp):
+    return build_model(PRESET, qtype="F32", seed=0)
+
+
+@pytest.fixture(scope="module")
+def q4_path(llama_cpp):
+    return build_model(PRESET, qtype="Q4_K_M", seed=0)
+
+
+def test_llama_cpp_loads_it_and_the_spec_reads_its_keys(f32_path):
+    llm = llama(f32_path, 64)
+    spec = open_model(f32_path).spec
+    assert llm.n_vocab() == spec.n_vocab
+    assert spec.arch == "qwen2moe" and not spec.norm_topk_prob
+    assert (spec.n_expert, spec.n_expert_used, spec.shared_ffn, spec.n_shared_expert) == (
+        16,
+        4,
+        512,
+        1,
+    )
+    assert spec.n_head * spec.head_dim == spec.n_embd and spec.n_head_kv == 2
+
+
+def test_f32_logits_match_llama_cpp(f32_path):
+    err, ours, theirs = f32_logits_error(f32_path)
+    # F32 weights and activations on both sides: only the order of float32 sums differs.
+    assert err.max() < 1e-5, f"worst position {err.argmax()}: {err.max():.2e}"
+    assert (ours == theirs).all()
+
+
+def test_f32_greedy_continuation_identical(f32_path):
+    ours, theirs, n_prompt = greedy_both(f32_path, 32)
+    assert n_prompt > N_UBATCH and ours == theirs
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M"])
+def test_quantized_teacher_forcing(llama_cpp, qtype):
+    agree, err = teacher_forced(build_model(PRESET, qtype=qtype, seed=0), 260)
+    assert agree >= 0.99, f"top-1 agreement {agree:.4f}"
+    assert np.median(err) < 1e-5, f"median error {np.median(err):.2e}"
+
+
+def test_the_top_k_weights_are_not_renormalised(f32_path):
+    engine = sdq_engine(f32_path, 64)
+    engine.forward(random_tokens(20, seed=5), "none")
+    weights = engine.ws.topk_w[:20]  # [T, K] of the last layer
+    assert (weights.sum(axis=1) < 0.999).all()
+    assert (np.diff(weights, axis=1) <= 0).all()  # top-K order
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 16])
+def test_paged_experts_give_the_resident_logits(q4_path, n_ubatch):
+    base, got, stats, slots = paged_and_resident(q4_path, n_ubatch)
+    assert slots < 2 * open_model(q4_path).spec.n_expert_used
+    assert np.array_equal(got, base)
+    assert stats["misses"] > 0 and stats["evictions"] > 0
+
+
+def test_chat_under_a_budget_below_the_file_size(q4_path):
+    chat, budget = chat_under_budget(q4_path)
+    out = chat_summary(chat)
+    assert budget * 1e6 < q4_path.stat().st_size
+    assert out["n_generated"] == 8
+    assert out["expert_cache"]["misses"] > 0
+
+
+def test_info_shows_the_shared_expert_and_the_biases(q4_path):
+    info = anatomy(open_model(q4_path))
+    classes, layers = info["tensor_classes"], 3
+    assert classes["shared_expert"]["count"] == 4 * layers  # gate, up, down, gate_inp_shexp
+    assert classes["attention"]["count"] == 7 * layers  # q, k, v, o + q/k/v biases
+    assert info["experts"]["moe_layers"] == layers and info["experts"]["n_expert"] == 16
+    assert info["dense_bytes"] + info["routed_expert_bytes"] == info["total_bytes"]
