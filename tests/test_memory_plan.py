@@ -10,6 +10,7 @@ from pager_support import make_model
 from sdq.cli import main
 from sdq.errors import PlanError
 from sdq.paging.cache import POLICIES, CacheSettings, ExpertCache
+from sdq.paging.policies import BY_NAME
 from sdq.paging.reads import SlotLayout
 from sdq.run.plan import (
     IO_THREAD_STACK_BYTES,
@@ -53,15 +54,22 @@ def test_slots_fill_what_is_left(model):
     )
     assert plan.fixed_bytes == fixed
     per_slot = plan.slot_bytes + SLOT_META_BYTES
-    assert plan.slots == (64 * MIB - fixed) // per_slot
-    assert 0 <= plan.left_bytes < per_slot
     assert plan.slot_bytes == SlotLayout.for_table(model.experts, "pagecache").slot_bytes
+    # 64 MB holds more slots than the model has experts; 10.5 slots' worth past the fixed part:
+    budget_mb = (fixed + 10.5 * per_slot) / MIB
+    plan = plan_memory(model, budget_mb, n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=20 * MIB)
+    assert plan.slots == 10 < (64 * MIB - fixed) // per_slot
+    assert 0 <= plan.left_bytes < per_slot
     assert plan.growth_bytes == fixed - 20 * MIB + plan.slots * per_slot
 
 
-def test_the_process_is_the_larger_of_resident_and_data_with_thread_stacks(model):
+def test_the_process_is_the_larger_of_resident_and_data_with_thread_stacks(model, monkeypatch):
     """The process counted is its resident set, or its data segment plus the stacks of the
-    prefill workers still to start, whichever is larger (RSS and RLIMIT_DATA both held)."""
+    prefill workers still to start, whichever is larger (RSS and RLIMIT_DATA both held).
+    (The cap at the file's 16 experts is lifted, so that the slots show the difference.)"""
+    import sdq.run.plan
+
+    monkeypatch.setattr(sdq.run.plan, "useful_slots", lambda *args: 1 << 40)
     kw = dict(n_ctx=256, n_ubatch=16, reserve_mb=8, compute_threads=3)
     stacks = 3 * (thread_stack_bytes() + THREAD_EXTRA_BYTES)
     resident = plan_memory(model, 512, rss_now=ProcessSize(200 * MIB, 100 * MIB), **kw)
@@ -148,6 +156,18 @@ def test_the_cache_opens_at_the_plans_minimum(model, policy, prefetch):
         experts.prefetch(model.experts.layers[1], range(K))
     with pytest.raises(PlanError, match=rf"minimum budget {minimum_mb:.1f} MB"):
         plan_memory(model, minimum_mb - 1, **kw)
+
+
+def test_slots_stop_at_the_experts_the_file_holds(model):
+    """A budget far above the model maps no more slots than every expert plus the streaming
+    share: the rest of the budget stays unallocated."""
+    huge = plan_memory(model, 20_000, n_ctx=256, n_ubatch=16, reserve_mb=8, rss_now=20 * MIB)
+    n_experts = len(model.experts.layers) * model.experts.n_expert
+    K = model.spec.n_expert_used
+    streaming = BY_NAME["lrfu_bypass"].streaming_slots(K, huge.prefetch_slots)  # the largest
+    assert huge.slots == n_experts + streaming
+    assert huge.arena_bytes < 20_000 * MIB // 100
+    assert huge.left_bytes > 19_000 * MIB
 
 
 def test_the_process_is_measured_when_not_given(model):

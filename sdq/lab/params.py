@@ -13,12 +13,11 @@ have, or a value whose type differs from the notebook's default.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdq import files
 from sdq.errors import ParamsError
 from sdq.lab.notebooks import (
     RUNNER_PARAMETERS,
@@ -109,16 +108,7 @@ def read_yaml(path: str | Path, shown: str | None = None) -> Any:
     import yaml
 
     shown = shown or str(path)
-    try:
-        # O_NONBLOCK: a FIFO with no writer is refused below instead of waited on
-        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ParamsError(f"{shown}: not a regular file")
-            raw = f.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise ParamsError(f"{shown}: cannot read ({exc.strerror})") from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise ParamsError(f"{shown}: larger than {MAX_YAML_BYTES} bytes")
+    raw = files.read_small(path, MAX_YAML_BYTES, shown)
     try:
         return yaml.safe_load(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

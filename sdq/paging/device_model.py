@@ -44,7 +44,6 @@ import io
 import json
 import math
 import os
-import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -352,21 +351,7 @@ def resolve(spec: str | None) -> DeviceModel | None:
 
 
 def _read_text(path: Path, limit: int, what: str) -> str:
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device never end
-            raise ParamsError(f"{what} {path}: not a regular file")
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except FileNotFoundError:
-        raise ParamsError(f"{what} {path}: no such file") from None
-    except IsADirectoryError:
-        raise ParamsError(f"{what} {path}: is a directory") from None
-    except OSError as exc:
-        raise ParamsError(f"{what} {path}: {exc.strerror}") from None
-    except ValueError:  # a NUL in the name
-        raise ParamsError(f"{what} {path!r}: not a file name") from None
-    if len(data) > limit:
-        raise ParamsError(f"{what} {path}: larger than {limit} bytes")
+    data = files.read_small(path, limit, f"{what} {path}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,21 +63,11 @@ MAX_PROFILE_BYTES = 2**20  # a profile is a few hundred bytes
 def load_io_profile(path: str | os.PathLike) -> IOProfile:
     """Read and check an I/O profile written by `sdq probe --profile-out`."""
     path = Path(path)
+    text = files.read_small(path, MAX_PROFILE_BYTES, f"I/O profile {path}")
     try:
-        # O_NONBLOCK: a FIFO with no writer is refused instead of waited on
-        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ParamsError(f"I/O profile {path}: not a regular file")
-            text = f.read(MAX_PROFILE_BYTES + 1)
-        if len(text) > MAX_PROFILE_BYTES:
-            raise ParamsError(f"I/O profile {path}: larger than {MAX_PROFILE_BYTES} bytes")
         data = json.loads(text.decode("utf-8"))
     except UnicodeDecodeError:
         raise ParamsError(f"I/O profile {path}: not UTF-8 text") from None
-    except FileNotFoundError:
-        raise ParamsError(f"I/O profile {path}: no such file") from None
-    except OSError as exc:
-        raise ParamsError(f"I/O profile {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ParamsError(
             f"I/O profile {path}: not JSON ({exc.msg} at line {exc.lineno})"

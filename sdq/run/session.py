@@ -88,6 +88,26 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
     return PagedSetup(plan, cache, io, prefetch)
 
 
+def check_resident_fits(model, s: RunSettings) -> None:
+    """A resident run has no budget, but it still counts what it will allocate (dense weights,
+    every routed expert, the KV cache and compute buffers) against the memory this machine has
+    available now, and refuses in one line before allocating what cannot fit."""
+    import psutil
+
+    from sdq.errors import PlanError
+    from sdq.run.workspace import workspace_bytes
+
+    ws = sum(workspace_bytes(model.spec, s.n_ctx, s.n_ubatch, s.threads).values())
+    need = model.dense_bytes + model.routed_bytes + ws
+    available = psutil.virtual_memory().available
+    if need > available:
+        raise PlanError(
+            f"--resident needs {need / MIB:.1f} MB (dense {model.dense_bytes / MIB:.1f}, experts "
+            f"{model.routed_bytes / MIB:.1f}, KV cache and compute {ws / MIB:.1f} at -c "
+            f"{s.n_ctx} -b {s.n_ubatch}) but {available / MIB:.1f} MB are available"
+        )
+
+
 class Session:
     def __init__(self, settings: RunSettings):
         from sdq.run.engine import DenseWeights, ResidentExperts, make_engine
@@ -100,6 +120,7 @@ class Session:
         self.route_log = None
         self.prefetch_next = 0
         if s.resident:
+            check_resident_fits(model, s)
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
             weights = DenseWeights.load(model)
             experts = ResidentExperts(model)
