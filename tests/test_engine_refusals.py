@@ -74,3 +74,20 @@ def test_chat_refuses_in_one_line(case, tmp_path):
     assert len(lines) == 1, run.stderr
     assert lines[0].startswith(f"sdq chat: error: {path}: ") and expected in lines[0], lines[0]
     assert run.stdout == ""
+
+
+def test_a_resident_run_that_cannot_fit_is_refused_before_allocating(tiny_model):
+    """--resident has no budget, but a context whose KV cache exceeds the machine's available
+    memory is refused in one line naming the sizes, not ended by the allocator."""
+    run = subprocess.run(
+        [sys.executable, "-m", "sdq", "chat", "-m", str(tiny_model), "-p", "hello", "-n", "2"]
+        + ["--resident", "-c", str(2**30)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2, run.stderr
+    assert len(lines) == 1, run.stderr
+    assert "--resident needs" in lines[0] and "MB are available" in lines[0], lines[0]
+    assert f"-c {2**30}" in lines[0]
