@@ -20,7 +20,8 @@ def random_tokens(n: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, 151_643, n)]
 
 
-def llama(path, n_ctx: int):
+def llama(path, n_ctx: int, **kwargs):
+    """kwargs go to llama_cpp.Llama (flash_attn=True...)."""
     return open_llama(
         path,
         n_ctx=n_ctx,
@@ -29,6 +30,7 @@ def llama(path, n_ctx: int):
         logits_all=True,
         type_k=GGML_TYPE_F32,
         type_v=GGML_TYPE_F32,
+        **kwargs,
     )
 
 
