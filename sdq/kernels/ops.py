@@ -26,7 +26,7 @@ from sdq.kernels.jit import FLOAT_MATH, kernel
 # RMSNorm
 
 
-@kernel(fastmath=FLOAT_MATH)
+@kernel  # no fastmath: bit-exact with ggml (a reassociated product moves Q8_0 roundings)
 def _rms_norm(x, w, eps, out):  # x, out [N, D]; w [D]
     N, D = x.shape
     for n in range(N):
@@ -94,15 +94,44 @@ def rope_neox_ref(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray
     return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
 
 
+# RoPE, normal style (llama, granitemoe): dimension 2i is rotated with dimension 2i + 1, by the
+# same angles as rope_neox (rope_tables).
+
+
+@kernel(fastmath=FLOAT_MATH)
+def _rope_norm(x, cos, sin):  # x [T, H, Dh] in place; cos, sin [T, Dh/2]
+    T, H, Dh = x.shape
+    for t in range(T):
+        for h in range(H):
+            for i in range(Dh // 2):
+                x0 = x[t, h, 2 * i]
+                x1 = x[t, h, 2 * i + 1]
+                x[t, h, 2 * i] = x0 * cos[t, i] - x1 * sin[t, i]
+                x[t, h, 2 * i + 1] = x0 * sin[t, i] + x1 * cos[t, i]
+
+
+def rope_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """Rotate adjacent pairs (2i, 2i+1) of every head of x [T, H, Dh] in place."""
+    _rope_norm(x, cos, sin)
+
+
+def rope_norm_ref(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, Dh/2]
+    x0, x1 = x[..., 0::2], x[..., 1::2]  # [T, H, Dh/2] each
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Attention over a KV cache (causal, grouped-query)
 
 
 @kernel(parallel=True, fastmath=FLOAT_MATH)
-def _attention(q, k_cache, v_cache, p0, Hkv, out):
+def _attention(q, k_cache, v_cache, p0, Hkv, scale, out):
     T, H, Dh = q.shape
     G = H // Hkv
-    scale = np.float32(1.0 / math.sqrt(Dh))
     for h in prange(H):
         c0 = (h // G) * Dh  # this head's KV columns
         s = np.empty(p0 + T, np.float32)
@@ -143,11 +172,13 @@ def attention(
     Hkv: int,
     scores: np.ndarray | None,
     out: np.ndarray,
+    scale: float | None = None,
 ) -> None:
     """Causal GQA attention of T new tokens at positions p0..p0+T-1.
 
     q [T, H, Dh]; k_cache, v_cache [C, Hkv*Dh] already holding positions 0..p0+T-1;
-    out [T, H, Dh]. Query head h reads KV head h // (H/Hkv); scale 1/sqrt(Dh).
+    out [T, H, Dh]. Query head h reads KV head h // (H/Hkv); scores scaled by `scale`
+    (default 1/sqrt(Dh); granitemoe's attention.scale).
     ``scores`` is accepted for the NumPy version's signature and not used (each head keeps
     its own score row).
     """
@@ -156,11 +187,13 @@ def attention(
         raise ValueError(f"{H} query heads are not a multiple of {Hkv} KV heads")
     if k_cache.shape[0] < p0 + T:
         raise ValueError(f"KV cache holds {k_cache.shape[0]} positions, {p0 + T} needed")
-    _attention(q, k_cache, v_cache, p0, Hkv, out)
+    kq_scale = np.float32(1.0 / math.sqrt(Dh)) if scale is None else np.float32(scale)
+    _attention(q, k_cache, v_cache, p0, Hkv, kq_scale, out)
 
 
-def attention_ref(q, k_cache, v_cache, p0: int, Hkv: int) -> np.ndarray:
+def attention_ref(q, k_cache, v_cache, p0: int, Hkv: int, scale=None) -> np.ndarray:
     T, H, Dh = q.shape
+    scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
     G = H // Hkv
     n = p0 + T
     out = np.empty_like(q)
@@ -169,7 +202,7 @@ def attention_ref(q, k_cache, v_cache, p0: int, Hkv: int) -> np.ndarray:
         kv = h // G
         keys = k_cache[:n, kv * Dh : (kv + 1) * Dh].astype(np.float64)  # [n, Dh]
         vals = v_cache[:n, kv * Dh : (kv + 1) * Dh].astype(np.float64)
-        s = q[:, h, :].astype(np.float64) @ keys.T / math.sqrt(Dh)  # [T, n]
+        s = q[:, h, :].astype(np.float64) @ keys.T * scale  # [T, n]
         s[causal] = -np.inf
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)

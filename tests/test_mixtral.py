@@ -1,0 +1,186 @@
+"""llama with experts (Mixtral): the normal RoPE kernel against its reference, then the engine
+against llama.cpp on the synthetic `tiny-mixtral` model (8 experts top-2, no Q/K norms,
+adjacent-pair RoPE) in both expert layouts (3-D ffn_*_exps tensors and one 2-D tensor per
+expert), paged against resident experts, and the CLI on it.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
+
+from sdq.format.model import anatomy, open_model
+from sdq.format.tokenizer import Tokenizer
+from sdq.kernels import ops
+from sdq.paging.cache import ExpertCache
+from sdq.run.engine import Engine, ResidentExperts
+from sdq.run.generate import GenerateSettings, generate
+from sdq.run.plan import plan_for_slots
+from sdq.run.sampler import SamplerSettings
+from sdq.run.workspace import Workspace
+from sdq.synth.build import build_model
+
+PRESET, LEGACY = "tiny-mixtral", "tiny-mixtral-legacy"
+
+
+def sdq_engine(path, n_ctx: int, experts=None, n_ubatch: int = N_UBATCH):
+    model = open_model(path)
+    ws = Workspace.allocate(model.spec, n_ctx, n_ubatch)
+    experts = experts if experts is not None else ResidentExperts(model)
+    return Engine(model, experts, ws, n_ctx, n_ubatch)
+
+
+def sdq_logits(engine, tokens, n_ubatch: int = N_UBATCH) -> np.ndarray:
+    parts = [
+        engine.forward(tokens[i : i + n_ubatch], "all") for i in range(0, len(tokens), n_ubatch)
+    ]
+    return np.concatenate(parts)  # [T, V]
+
+
+def per_position_error(got, want) -> np.ndarray:
+    return np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+
+
+@pytest.fixture(scope="module")
+def f32_path(llama_cpp):
+    return build_model(PRESET, qtype="F32", seed=0)
+
+
+@pytest.fixture(scope="module")
+def q4_path(llama_cpp):
+    return build_model(PRESET, qtype="Q4_K_M", seed=0)
+
+
+@pytest.fixture(scope="module")
+def q4_legacy_path(llama_cpp, q4_path):
+    return build_model(LEGACY, qtype="Q4_K_M", seed=0)
+
+
+# --- kernel against its reference -----------------------------------------------------------
+
+
+def test_rope_norm_matches_reference_and_differs_from_neox():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 3, 16)).astype(np.float32)  # [T, H, Dh]
+    cos, sin = ops.rope_tables(np.arange(7, 12, dtype=np.float32), 10_000.0, 16)  # [T, 8]
+    want = ops.rope_norm_ref(x, cos, sin)
+    got = x.copy()
+    ops.rope_norm(got, cos, sin)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # each adjacent pair keeps its length; NeoX pairs (i, i + 8) would give other values
+    np.testing.assert_allclose(
+        np.hypot(got[..., 0::2], got[..., 1::2]), np.hypot(x[..., 0::2], x[..., 1::2]), rtol=1e-5
+    )
+    assert np.abs(ops.rope_neox_ref(x, cos, sin) - want).max() > 0.1
+
+
+# --- the file --------------------------------------------------------------------------------
+
+
+def test_info_shows_a_llama_moe_without_qk_norms(q4_path, q4_legacy_path):
+    info = anatomy(open_model(q4_path))
+    spec = info["spec"]
+    assert spec["arch"] == "llama" and spec["rope_neox"] is False
+    assert (spec["n_expert"], spec["n_expert_used"], spec["norm_topk_prob"]) == (8, 2, True)
+    assert not any("attn_q_norm" in n for n in open_model(q4_path).tensors)
+    assert info["experts"]["moe_layers"] == 2 and info["dense_bytes"] > 0
+    legacy = anatomy(open_model(q4_legacy_path))
+    # same experts, same bytes: only the tensor directory differs
+    assert legacy["experts"]["segments"][0]["nbytes"] == info["experts"]["segments"][0]["nbytes"]
+    assert legacy["routed_expert_bytes"] == info["routed_expert_bytes"]
+    assert legacy["n_tensors"] == info["n_tensors"] + 2 * 3 * (8 - 1)
+    assert "blk.1.ffn_down.7.weight" in open_model(q4_legacy_path).tensors
+
+
+# --- against llama.cpp ----------------------------------------------------------------------
+
+
+def test_engine_matches_llama_cpp_f32(f32_path):
+    tokens = random_tokens(100, seed=1)  # two ubatches of 64 on both sides
+    want = llama_logits(f32_path, tokens)
+    got = sdq_logits(sdq_engine(f32_path, len(tokens) + 8), tokens)
+    # F32 weights and activations: only float rounding differs
+    assert per_position_error(got, want).max() < 1e-5
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_f32_greedy_continuation_identical(f32_path):
+    tok = Tokenizer.from_gguf(f32_path)
+    prompt = tok.encode(TEXT)
+    n = 32
+    engine = sdq_engine(f32_path, len(prompt) + n)
+    settings = GenerateSettings(n_predict=n, sampler=SamplerSettings(temp=0.0), stop_at_eos=False)
+    ours = generate(engine, tok, prompt, settings).generated_ids
+    llm = llama(f32_path, len(prompt) + n)
+    llm.eval(prompt)
+    theirs = []
+    for _ in range(n):
+        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval(theirs[-1:])
+    assert len(prompt) > N_UBATCH and ours == theirs
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M"])
+def test_quantized_teacher_forcing(llama_cpp, qtype):
+    path = build_model(PRESET, qtype=qtype, seed=0)
+    tokens = random_tokens(260, seed=2)
+    got = sdq_logits(sdq_engine(path, len(tokens) + 8), tokens)
+    want = llama_logits(path, tokens)
+    agree = int((got.argmax(1) == want.argmax(1)).sum())
+    assert agree >= 0.99 * len(tokens), f"top-1 agreement {agree}/{len(tokens)}"
+
+
+def test_legacy_layout_gives_the_merged_logits(q4_path, q4_legacy_path):
+    """One 2-D tensor per expert: the same bytes at other offsets, so the same logits."""
+    tokens = random_tokens(80, seed=5)
+    merged = sdq_logits(sdq_engine(q4_path, 96), tokens)
+    legacy = sdq_logits(sdq_engine(q4_legacy_path, 96), tokens)
+    assert np.array_equal(legacy, merged)
+    want = llama_logits(q4_path, tokens)  # llama.cpp on the merged layout
+    assert (legacy.argmax(1) == want.argmax(1)).mean() >= 0.99
+
+
+# --- paging, CLI ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["merged", "legacy"])
+@pytest.mark.parametrize("n_ubatch", [1, 16])
+def test_paged_experts_give_the_resident_logits(q4_path, q4_legacy_path, layout, n_ubatch):
+    path = q4_path if layout == "merged" else q4_legacy_path
+    tokens = random_tokens(40, seed=3)
+    base = sdq_logits(sdq_engine(path, 64, n_ubatch=n_ubatch), tokens, n_ubatch)
+    model = open_model(path)
+    slots = model.spec.n_expert_used + 1  # < 2 x one layer's 2 used experts: evicts
+    assert slots < 2 * model.spec.n_expert_used
+    with ExpertCache(model, plan_for_slots(model, slots)) as cache:
+        got = sdq_logits(sdq_engine(path, 64, cache, n_ubatch), tokens, n_ubatch)
+        stats = cache.stats
+    assert np.array_equal(got, base)
+    assert stats["misses"] > 0 and stats["evictions"] > 0
+
+
+def test_chat_under_a_budget_exits_0(q4_path):
+    size_mb = q4_path.stat().st_size / 1e6
+    plan = subprocess.run(
+        [sys.executable, "-m", "sdq", "plan", str(q4_path), "--ram-budget-mb", "1"]
+        + ["--reserve-mb", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert plan.returncode == 2 and len(plan.stderr.strip().splitlines()) == 1
+    minimum = float(plan.stderr.split("minimum budget ")[1].split(" MB")[0])
+    budget = minimum + 1
+    assert budget < size_mb
+    chat = subprocess.run(
+        [sys.executable, "-m", "sdq", "chat", "-m", str(q4_path), "-p", "Hello there"]
+        + ["-n", "8", "--ram-budget-mb", f"{budget:.1f}", "--reserve-mb", "0", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert chat.returncode == 0, chat.stderr
+    out = json.loads(chat.stdout)
+    assert out["n_generated"] == 8
+    assert out["expert_cache"]["misses"] > 0
