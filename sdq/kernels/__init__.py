@@ -13,6 +13,7 @@
 converted as ggml's CPU backend does (Q8_K for K-quants, Q8_0 for Q8_0/Q4_0, F16/BF16 for
 those float weights), see act_quant.py. Norms, RoPE, attention, router: sdq.kernels.ops.
 qwen35moe's gated delta-net (conv, L2 norm, the recurrent state): sdq.kernels.delta_net.
+Routers with sigmoid scores, a selection bias or expert groups (glm4moe): sdq.kernels.routing.
 Quant types, block sizes and the types the kernels compute with (SUPPORTED_COMPUTE):
 sdq.format.quants; the block sizes the kernels are written for are named in quant.py.
 
