@@ -143,7 +143,6 @@ def test_paged_experts_give_the_resident_logits(q4_path, n_ubatch):
 
 
 def test_chat_under_a_budget_exits_0(q4_path):
-    size_mb = q4_path.stat().st_size / 1e6
     plan = subprocess.run(
         [sys.executable, "-m", "sdq", "plan", str(q4_path), "--ram-budget-mb", "1"]
         + ["--reserve-mb", "0"],
@@ -152,8 +151,9 @@ def test_chat_under_a_budget_exits_0(q4_path):
     )
     assert plan.returncode == 2 and len(plan.stderr.strip().splitlines()) == 1
     minimum = float(plan.stderr.split("minimum budget ")[1].split(" MB")[0])
+    # the process itself (Python, Numba: ~300 MB) is most of the minimum, so the budget is
+    # above this small file's size; the arena still holds fewer experts than the model has
     budget = minimum + 1
-    assert budget < size_mb
     chat = subprocess.run(
         [sys.executable, "-m", "sdq", "chat", "-m", str(q4_path), "-p", "Hello there"]
         + ["-n", "8", "--ram-budget-mb", f"{budget:.1f}", "--reserve-mb", "0", "--json"],
@@ -163,4 +163,6 @@ def test_chat_under_a_budget_exits_0(q4_path):
     assert chat.returncode == 0, chat.stderr
     out = json.loads(chat.stdout)
     assert out["n_generated"] == 8
+    spec = open_model(q4_path).spec
+    assert out["slots"] < spec.n_layer * spec.n_expert  # the experts are paged, not all held
     assert out["expert_cache"]["misses"] > 0

@@ -134,13 +134,15 @@ def test_quantized_teacher_forcing(llama_cpp, qtype):
 
 
 def test_legacy_layout_gives_the_merged_logits(q4_path, q4_legacy_path):
-    """One 2-D tensor per expert: the same bytes at other offsets, so the same logits."""
+    """One 2-D tensor per expert: the same bytes at other offsets, so the same logits as the
+    merged file, which test_quantized_teacher_forcing checks against llama.cpp. (llama.cpp
+    itself no longer loads the per-expert layout: it requires ffn_*_exps.)"""
     tokens = random_tokens(80, seed=5)
     merged = sdq_logits(sdq_engine(q4_path, 96), tokens)
     legacy = sdq_logits(sdq_engine(q4_legacy_path, 96), tokens)
     assert np.array_equal(legacy, merged)
-    want = llama_logits(q4_path, tokens)  # llama.cpp on the merged layout
-    assert (legacy.argmax(1) == want.argmax(1)).mean() >= 0.99
+    with pytest.raises(ValueError, match="Failed to load model"):
+        llama(q4_legacy_path, 16)
 
 
 # --- paging, CLI ----------------------------------------------------------------------------
@@ -163,7 +165,6 @@ def test_paged_experts_give_the_resident_logits(q4_path, q4_legacy_path, layout,
 
 
 def test_chat_under_a_budget_exits_0(q4_path):
-    size_mb = q4_path.stat().st_size / 1e6
     plan = subprocess.run(
         [sys.executable, "-m", "sdq", "plan", str(q4_path), "--ram-budget-mb", "1"]
         + ["--reserve-mb", "0"],
@@ -172,8 +173,9 @@ def test_chat_under_a_budget_exits_0(q4_path):
     )
     assert plan.returncode == 2 and len(plan.stderr.strip().splitlines()) == 1
     minimum = float(plan.stderr.split("minimum budget ")[1].split(" MB")[0])
+    # the process itself (Python, Numba: ~300 MB) is most of the minimum, so the budget is
+    # above this small file's size; the arena still holds fewer experts than the model has
     budget = minimum + 1
-    assert budget < size_mb
     chat = subprocess.run(
         [sys.executable, "-m", "sdq", "chat", "-m", str(q4_path), "-p", "Hello there"]
         + ["-n", "8", "--ram-budget-mb", f"{budget:.1f}", "--reserve-mb", "0", "--json"],
@@ -183,4 +185,6 @@ def test_chat_under_a_budget_exits_0(q4_path):
     assert chat.returncode == 0, chat.stderr
     out = json.loads(chat.stdout)
     assert out["n_generated"] == 8
+    spec = open_model(q4_path).spec
+    assert out["slots"] < spec.n_layer * spec.n_expert  # the experts are paged, not all held
     assert out["expert_cache"]["misses"] > 0
