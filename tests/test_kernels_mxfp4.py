@@ -145,3 +145,19 @@ def test_yarn_tables():
     # below the ramp: extrapolated (unscaled) angles; above it: interpolated (1/32)
     np.testing.assert_allclose(cos[:, :8], mscale * np.cos(theta[:, :8]), atol=1e-4)
     np.testing.assert_allclose(cos[:, 18:], mscale * np.cos(theta[:, 18:] / 32), atol=1e-4)
+
+
+def test_rms_norm_is_bit_exact_with_ggml_order():
+    """ops.rms_norm squares in float32, sums the squares in float64 in order and scales as
+    ggml does (no reassociation): on tiny-gptoss it equals llama.cpp's attn_norm output bit
+    for bit, and a 1-ulp difference there moves Q8_0 roundings of the next product."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((64, 256)) * 3).astype(np.float32)  # [T, D]
+    w = (1 + 0.1 * rng.standard_normal(256)).astype(np.float32)  # [D]
+    out = np.empty_like(x)
+    ops.rms_norm(x, w, 1e-5, out)
+    sq = (x * x).astype(np.float64)  # [T, D] float32 squares
+    mean = (np.cumsum(sq, axis=1)[:, -1] / 256).astype(np.float32)  # sequential sums
+    scale = np.float32(1) / np.sqrt(mean + np.float32(1e-5))  # [T]
+    np.testing.assert_array_equal(out, (x * scale[:, None]) * w)
+    np.testing.assert_allclose(out, ops.rms_norm_ref(x, w, 1e-5), rtol=3e-7, atol=0)
