@@ -130,6 +130,10 @@ def test_quantized_teacher_forcing(llama_cpp, qtype):
     got = sdq_logits(sdq_engine(path, len(tokens) + 8), tokens)
     want = llama_logits(path, tokens)
     agree = int((got.argmax(1) == want.argmax(1)).sum())
+    # Both engines convert activations to the same 8-bit blocks; now and then a last-bit
+    # difference in a float sum moves an activation across a rounding boundary, and that
+    # position and the later ones attending to it move by up to ~1 % of the largest logit.
+    # Measured top-1 agreement: 259/260 (Q8_0), 260/260 (Q4_K_M).
     assert agree >= 0.99 * len(tokens), f"top-1 agreement {agree}/{len(tokens)}"
 
 
