@@ -24,13 +24,13 @@ def _qk_norms(n_layer: int = 2, head_dim: int = 16) -> dict:
 
 
 CASES = {
-    "llama_arch": (
-        Layout(arch="llama", extra_tensors=_qk_norms()),
-        "architecture 'llama' is not supported",
+    "qwen3vlmoe_arch": (
+        Layout(arch="qwen3vlmoe", extra_tensors=_qk_norms()),
+        "architecture 'qwen3vlmoe' is not supported",
     ),
-    "qwen2moe_arch": (
-        Layout(arch="qwen2moe", extra_tensors=_qk_norms()),
-        "architecture 'qwen2moe' is not supported",
+    "qwen3next_arch": (
+        Layout(arch="qwen3next", extra_tensors=_qk_norms()),
+        "architecture 'qwen3next' is not supported",
     ),
     "fused_gate_up": (
         Layout(fused_gate_up=True, extra_tensors=_qk_norms()),
@@ -44,7 +44,7 @@ CASES = {
             extra_tensors=_qk_norms(),
         ),
         "tensor blk.0.ffn_down_exps.weight is IQ4_XS, which sdq cannot compute "
-        "(2 tensors of type IQ4_XS; supported: BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0)",
+        "(2 tensors of type IQ4_XS; supported: BF16, F16, F32, MXFP4, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0)",
     ),
     "expert_q2_k": (
         Layout(
