@@ -111,3 +111,22 @@ def test_info_shows_the_shared_expert_and_the_biases(q4_path):
     assert classes["attention"]["count"] == 7 * layers  # q, k, v, o + q/k/v biases
     assert info["experts"]["moe_layers"] == layers and info["experts"]["n_expert"] == 16
     assert info["dense_bytes"] + info["routed_expert_bytes"] == info["total_bytes"]
+
+
+def test_the_plan_counts_the_shared_expert_buffers(q4_path):
+    import dataclasses
+
+    from sdq.run.plan import pages, transient_bytes
+    from sdq.run.workspace import workspace_bytes
+
+    spec = open_model(q4_path).spec
+    T, Fs = 32, spec.shared_ffn
+    sizes = workspace_bytes(spec, 256, T)
+    assert sizes["shexp_gate"] == sizes["shexp_up"] == T * Fs * 4
+    assert sizes["shexp_out"] == T * spec.n_embd * 4 and sizes["shexp_w"] == T * 4
+    assert sdq_engine(q4_path, 256, n_ubatch=T).ws.nbytes == sum(sizes.values())
+    without = dataclasses.replace(spec, shared_ffn=0, n_shared_expert=0)
+    assert "shexp_gate" not in workspace_bytes(without, 256, T)
+    # the shared expert's hidden rows converted to 8-bit blocks (2.5 B per value)
+    extra = transient_bytes(spec, T) - transient_bytes(without, T)
+    assert abs(extra - 5 * T * Fs // 2) < pages(1)
