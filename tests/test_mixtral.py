@@ -95,6 +95,17 @@ def test_info_shows_a_llama_moe_without_qk_norms(q4_path, q4_legacy_path):
     assert "blk.1.ffn_down.7.weight" in open_model(q4_legacy_path).tensors
 
 
+def test_synth_arch_flag_picks_the_preset(q4_path, capsys):
+    from sdq.cli import main
+
+    assert main(["synth", "--arch", "llama", "--qtype", "Q4_K_M", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["path"] == str(q4_path) and out["preset"] == PRESET and out["cached"]
+    assert main(["synth", "--arch", "granitemoe", "--preset", PRESET]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a llama model, not granitemoe" in err
+
+
 # --- against llama.cpp ----------------------------------------------------------------------
 
 
@@ -141,9 +152,9 @@ def test_legacy_layout_gives_the_merged_logits(q4_path, q4_legacy_path):
     """One 2-D tensor per expert: the same bytes at other offsets, so the same logits as the
     merged file, which test_quantized_teacher_forcing checks against llama.cpp. (llama.cpp
     itself no longer loads the per-expert layout: it requires ffn_*_exps.)"""
-    tokens = random_tokens(80, seed=5)
-    merged = sdq_logits(sdq_engine(q4_path, 96), tokens)
-    legacy = sdq_logits(sdq_engine(q4_legacy_path, 96), tokens)
+    tokens = random_tokens(40, seed=5)
+    merged = sdq_logits(sdq_engine(q4_path, 48, n_ubatch=16), tokens, 16)
+    legacy = sdq_logits(sdq_engine(q4_legacy_path, 48, n_ubatch=16), tokens, 16)
     assert np.array_equal(legacy, merged)
     with pytest.raises(ValueError, match="Failed to load model"):
         llama(q4_legacy_path, 16)
@@ -152,8 +163,7 @@ def test_legacy_layout_gives_the_merged_logits(q4_path, q4_legacy_path):
 # --- paging, CLI ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["merged", "legacy"])
-@pytest.mark.parametrize("n_ubatch", [1, 16])
+@pytest.mark.parametrize("layout, n_ubatch", [("merged", 1), ("merged", 16), ("legacy", 16)])
 def test_paged_experts_give_the_resident_logits(q4_path, q4_legacy_path, layout, n_ubatch):
     path = q4_path if layout == "merged" else q4_legacy_path
     tokens = random_tokens(40, seed=3)
