@@ -83,7 +83,7 @@ def test_info_shows_the_anatomy(q4_path):
 
 
 def test_engine_matches_llama_cpp_f32(f32_path):
-    tokens = random_tokens(100, seed=1)  # two ubatches of 64 on both sides
+    tokens = random_tokens(72, seed=1)  # two ubatches of 64 on both sides
     want = llama_logits(f32_path, tokens)
     got = sdq_logits(sdq_engine(f32_path, len(tokens) + 8), tokens)
     err = per_position_error(got, want)
@@ -138,7 +138,7 @@ def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
 
 @pytest.mark.parametrize("n_ubatch", [1, 16])
 def test_paged_experts_give_the_resident_logits(q4_path, n_ubatch):
-    tokens = random_tokens(40, seed=3)
+    tokens = random_tokens(24, seed=3)
     base = sdq_logits(sdq_engine(q4_path, 64, n_ubatch=n_ubatch), tokens, n_ubatch)
     model = open_model(q4_path)
     spec = model.spec
