@@ -146,6 +146,25 @@ def test_plan_counts_the_compressed_cache(f32_model):
     assert plain / sizes["kv_cache"] == spec.n_head * (128 + 64) / (64 + 32)  # 8x smaller
 
 
+def test_low_rank_query_matches_llama_cpp(llama_cpp):
+    """DeepSeek-V2 (not Lite): the query through attn_q_a, attn_q_a_norm and attn_q_b."""
+    from llama_support import llama_logits, random_tokens
+
+    from sdq.synth.build import resolve_config
+
+    cfg = resolve_config("tiny-deepseek2", q_lora_rank=96, n_layer=2)
+    path = build_model(cfg, qtype="F32", seed=0)
+    model = open_model(path)
+    assert model.spec.mla.q_lora_rank == 96 and "blk.1.attn_q_b.weight" in model.tensors
+    tokens = random_tokens(24, seed=6)
+    want = llama_logits(path, tokens)
+    engine = Engine(model, ResidentExperts(model), Workspace.allocate(model.spec, 32, 32), 32, 32)
+    got = engine.forward(tokens, "all")
+    err = np.abs(got - want).max(1) / np.abs(want).max(1)
+    assert err.max() < 1e-5, f"worst position {err.argmax()}: {err.max():.2e}"
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
 # --- refusals --------------------------------------------------------------------------------
 
 

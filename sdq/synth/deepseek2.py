@@ -37,6 +37,7 @@ class DeepSeek2Config(build.SynthConfig):
     the query/key head Dk, rope_dim its RoPE part)."""
 
     arch: str = ARCH
+    q_lora_rank: int = 0  # Lq; 0: attn_q directly (V2-Lite), else attn_q_a / _a_norm / _b (V2)
     kv_lora_rank: int = 64  # R
     v_head_dim: int = 64  # Dv
     n_dense_lead: int = 1  # leading_dense_block_count
@@ -65,7 +66,14 @@ class DeepSeek2Config(build.SynthConfig):
             need(value > 0 and value % 32 == 0, f"{field} = {value}: a multiple of 32")
         need(0 <= self.n_dense_lead < self.n_layer, "n_dense_lead must leave an MoE block")
         need(self.n_shared_expert >= 1, "n_shared_expert must be >= 1")
+        need(self.q_lora_rank % 32 == 0 and self.q_lora_rank >= 0, "q_lora_rank: 0 or 32k")
         return self
+
+    def params(self) -> dict:
+        out = super().params()
+        if not self.q_lora_rank:  # files written before the field keep their cache names
+            del out["q_lora_rank"]
+        return out
 
 
 PRESETS = {
@@ -106,7 +114,17 @@ def block_plan(cfg, layer: int, big) -> list[tuple[str, tuple[int, ...], type]]:
     b = f"blk.{layer}."
     plan = [
         (b + "attn_norm.weight", (D,), np.float32),
-        (b + "attn_q.weight", (H * Dk, D), big),
+    ]
+    Lq = cfg.q_lora_rank
+    if Lq:
+        plan += [
+            (b + "attn_q_a.weight", (Lq, D), big),
+            (b + "attn_q_a_norm.weight", (Lq,), np.float32),
+            (b + "attn_q_b.weight", (H * Dk, Lq), big),
+        ]
+    else:
+        plan.append((b + "attn_q.weight", (H * Dk, D), big))
+    plan += [
         (b + "attn_kv_a_mqa.weight", (R + P, D), big),
         (b + "attn_kv_a_norm.weight", (R,), np.float32),
         (b + "attn_k_b.weight", (H, R, Dk - P), big),  # ggml [Dk - P, R, H]
@@ -161,7 +179,7 @@ def add_metadata(writer, cfg) -> None:
     writer.add_feed_forward_length(cfg.dense_ffn)
     writer.add_leading_dense_block_count(cfg.n_dense_lead)
     writer.add_vocab_size(_n_vocab(writer))
-    writer.add_q_lora_rank(0)  # llama.cpp requires the key unless the depth is V2-Lite's
+    writer.add_q_lora_rank(cfg.q_lora_rank)  # required unless the depth is V2-Lite's
     writer.add_kv_lora_rank(R)
     writer.add_expert_shared_count(cfg.n_shared_expert)
     writer.add_expert_weights_scale(cfg.expert_weights_scale)
@@ -191,7 +209,17 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
     if not name.startswith("blk."):
         return None
     kind = name.split(".")[2]
-    if kind in ("attn_q", "attn_kv_a_mqa", "ffn_gate", "ffn_up", "ffn_gate_shexp", "ffn_up_shexp"):
+    if kind == "attn_q_b":
+        return _gauss(w, name, shape, 1 / np.sqrt(shape[1]))
+    if kind in (
+        "attn_q",
+        "attn_q_a",
+        "attn_kv_a_mqa",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+    ):
         return _gauss(w, name, shape, 1 / np.sqrt(D))
     if kind in ("attn_k_b", "attn_v_b"):  # [H, rows, cols]: unit-scale rows
         return _gauss(w, name, shape, 1 / np.sqrt(shape[-1]))
