@@ -5,6 +5,8 @@ experts, `sdq chat` under a budget, and the file's anatomy."""
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
+from gguf_builders import Layout, write_model
 from llama_support import N_UBATCH, llama, random_tokens
 from standard_moe_support import (
     chat_summary,
@@ -127,3 +129,12 @@ def test_info_classes_the_qk_norms_and_has_no_shared_expert(q4_path):
     # attn_norm, attn_q_norm, attn_k_norm, ffn_norm per block, and output_norm
     assert classes["norms"]["count"] == 4 * layers + 1
     assert info["experts"]["moe_layers"] == layers and info["experts"]["n_expert"] == 16
+
+
+def test_a_renormalisation_key_is_ignored_as_llama_cpp_does(tmp_path):
+    key = "olmoe.expert_weights_norm"
+    layout = Layout(arch="olmoe", extra_kv={key: (True, GGUFValueType.BOOL)})
+    path, _ = write_model(tmp_path / "m.gguf", layout)
+    model = open_model(path)
+    assert model.metadata[key] is True
+    assert not model.spec.norm_topk_prob

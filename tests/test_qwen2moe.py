@@ -5,6 +5,8 @@ the file's anatomy."""
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
+from gguf_builders import Layout, write_model
 from llama_support import N_UBATCH, llama, random_tokens
 from standard_moe_support import (
     chat_summary,
@@ -130,3 +132,12 @@ def test_the_plan_counts_the_shared_expert_buffers(q4_path):
     # the shared expert's hidden rows converted to 8-bit blocks (2.5 B per value)
     extra = transient_bytes(spec, T) - transient_bytes(without, T)
     assert abs(extra - 5 * T * Fs // 2) < pages(1)
+
+
+def test_a_renormalisation_key_is_ignored_as_llama_cpp_does(tmp_path):
+    key = "qwen2moe.expert_weights_norm"
+    layout = Layout(arch="qwen2moe", shared_ffn=32, extra_kv={key: (True, GGUFValueType.BOOL)})
+    path, _ = write_model(tmp_path / "m.gguf", layout)
+    model = open_model(path)
+    assert model.metadata[key] is True
+    assert not model.spec.norm_topk_prob

@@ -54,6 +54,9 @@ ARCH_NORM_TOPK: dict[str, bool | None] = {
     "glm4moe": False,  # sigmoid scores; GLM-4.5 files set expert_weights_norm true
 }
 
+# Architectures whose top-k weights llama.cpp never renormalises, whatever the file says
+FIXED_NORM_TOPK = ("qwen2moe", "olmoe")
+
 # Router gating when the file has no `{arch}.expert_gating_func` key (sdq.kernels.routing)
 ARCH_GATING: dict[str, str] = {"glm4moe": "sigmoid"}
 
@@ -392,6 +395,8 @@ def open_model(path: str | os.PathLike) -> Model:
 
     norm_default = ARCH_NORM_TOPK[arch]
     norm = meta.get(f"{arch}.expert_weights_norm", bool(norm_default))
+    if arch in FIXED_NORM_TOPK:  # llama.cpp's graph ignores the key for these
+        norm = ARCH_NORM_TOPK[arch]
     tokens = meta.get("tokenizer.ggml.tokens")
     embd = tensors.get("token_embd.weight")
     if isinstance(tokens, list) and tokens:
