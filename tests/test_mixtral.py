@@ -10,8 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+from gguf.constants import GGUFValueType
+from gguf_builders import Layout, write_model
 from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
 
+from sdq.errors import UnsupportedError
 from sdq.format.model import anatomy, open_model
 from sdq.format.tokenizer import Tokenizer
 from sdq.kernels import ops
@@ -24,6 +27,7 @@ from sdq.run.workspace import Workspace
 from sdq.synth.build import build_model
 
 PRESET, LEGACY = "tiny-mixtral", "tiny-mixtral-legacy"
+STR, F32 = GGUFValueType.STRING, GGUFValueType.FLOAT32
 
 
 def sdq_engine(path, n_ctx: int, experts=None, n_ubatch: int = N_UBATCH):
@@ -202,3 +206,24 @@ def test_chat_under_a_budget_exits_0(q4_path):
     spec = open_model(q4_path).spec
     assert out["slots"] < spec.n_layer * spec.n_expert  # the experts are paged, not all held
     assert out["expert_cache"]["misses"] > 0
+
+
+LINEAR_X4 = {"llama.rope.scaling.type": ("linear", STR), "llama.rope.scaling.factor": (4.0, F32)}
+
+
+@pytest.mark.parametrize(
+    "extra_kv, extra_tensors, what",
+    [
+        ({}, {"rope_freqs.weight": ((8,), "F32")}, "RoPE frequency factors"),
+        (LINEAR_X4, {}, "RoPE scaling 'linear' x4.0"),
+    ],
+)
+def test_unsupported_rope_is_refused_in_one_line(tmp_path, extra_kv, extra_tensors, what):
+    from gguf.constants import GGMLQuantizationType as Q
+
+    tensors = {name: (shape, Q[q]) for name, (shape, q) in extra_tensors.items()}
+    lay = Layout(arch="llama", extra_kv=extra_kv, extra_tensors=tensors)
+    path, _ = write_model(tmp_path / "m.gguf", lay)
+    model = open_model(path)
+    with pytest.raises(UnsupportedError, match=what):
+        Engine(model, ResidentExperts(model), Workspace.allocate(model.spec, 8, 8), 8, 8)

@@ -484,6 +484,8 @@ class Engine:
             )
         if spec.arch == "deepseek2":
             mla.check(model)
+        if spec.arch in ("llama", "granitemoe"):
+            _check_llama(model)
         if spec.n_head % spec.n_head_kv:
             raise UnsupportedError(
                 f"{model.path}: n_head {spec.n_head} not a multiple of n_head_kv {spec.n_head_kv}"
@@ -1026,6 +1028,18 @@ def _qk_norm(x: np.ndarray, x3: np.ndarray, weight: np.ndarray, eps: float) -> N
     row of x [T, H*Dh] (the same array) when weight is [H*Dh] (olmoe)."""
     rows = x3 if weight.shape[0] == x3.shape[-1] else x
     ops.rms_norm(rows, weight, eps, rows)
+
+
+def _check_llama(model) -> None:
+    """One-line refusals of llama / granitemoe files whose RoPE the engine does not scale."""
+    spec, path = model.spec, model.path
+    factors = sorted(name for name in model.tensors if name.startswith("rope_"))
+    if factors:
+        raise UnsupportedError(f"{path}: RoPE frequency factors ({factors[0]}) are not supported")
+    factor = model.metadata.get(f"{spec.arch}.rope.scaling.factor", 1.0)
+    kind = model.metadata.get(f"{spec.arch}.rope.scaling.type", "none")
+    if kind != "none" and factor not in (0.0, 1.0):
+        raise UnsupportedError(f"{path}: RoPE scaling {kind!r} x{factor} is not supported")
 
 
 def pool_barrier(spans, workers: int, t_handed: float, t_end: float) -> float:
