@@ -165,6 +165,36 @@ def test_low_rank_query_matches_llama_cpp(llama_cpp):
     assert (got.argmax(1) == want.argmax(1)).all()
 
 
+def test_v3_routing_matches_llama_cpp(llama_cpp):
+    """DeepSeek-V3-style routing on the same blocks: sigmoid scores, the exp_probs_b selection
+    bias, 4 expert groups of which 2 are kept, renormalised weights times 2.5."""
+    from llama_support import llama_logits, random_tokens
+
+    from sdq.synth.build import resolve_config
+
+    cfg = resolve_config(
+        "tiny-deepseek2",
+        n_layer=2,
+        gating="sigmoid",
+        n_expert_groups=4,
+        n_group_used=2,
+        expert_weights_norm=True,
+        expert_weights_scale=2.5,
+    )
+    path = build_model(cfg, qtype="F32", seed=0)
+    model = open_model(path)
+    spec = model.spec
+    assert (spec.expert_gating, spec.n_expert_groups, spec.n_group_used) == ("sigmoid", 4, 2)
+    assert spec.norm_topk_prob and "blk.1.exp_probs_b.bias" in model.tensors
+    tokens = random_tokens(24, seed=7)
+    want = llama_logits(path, tokens)
+    engine = Engine(model, ResidentExperts(model), Workspace.allocate(spec, 32, 32), 32, 32)
+    got = engine.forward(tokens, "all")
+    err = np.abs(got - want).max(1) / np.abs(want).max(1)
+    assert err.max() < 1e-5, f"worst position {err.argmax()}: {err.max():.2e}"
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
 # --- refusals --------------------------------------------------------------------------------
 
 

@@ -47,6 +47,11 @@ class DeepSeek2Config(build.SynthConfig):
     yarn_factor: float = 0.0  # rope.scaling.factor (0: no RoPE scaling)
     yarn_orig_ctx: int = 0  # rope.scaling.original_context_length
     yarn_mscale_all_dim: float = 0.0  # stored as yarn_log_multiplier = 0.1 * this
+    # V3-style routing: sigmoid scores, a selection bias exp_probs_b, group-limited top-K
+    gating: str = "softmax"  # or "sigmoid" (expert_gating_func)
+    n_expert_groups: int = 0  # expert_group_count (0: no group limit)
+    n_group_used: int = 0  # expert_group_used_count
+    expert_weights_norm: bool = False
 
     def validate(self) -> DeepSeek2Config:
         super().validate()
@@ -67,12 +72,24 @@ class DeepSeek2Config(build.SynthConfig):
         need(0 <= self.n_dense_lead < self.n_layer, "n_dense_lead must leave an MoE block")
         need(self.n_shared_expert >= 1, "n_shared_expert must be >= 1")
         need(self.q_lora_rank % 32 == 0 and self.q_lora_rank >= 0, "q_lora_rank: 0 or 32k")
+        need(self.gating in ("softmax", "sigmoid"), f"gating {self.gating!r}: softmax or sigmoid")
+        if self.n_expert_groups > 1:
+            need(self.n_expert % self.n_expert_groups == 0, "n_expert not a multiple of groups")
+            need(0 < self.n_group_used < self.n_expert_groups, "0 < n_group_used < groups")
         return self
 
     def params(self) -> dict:
         out = super().params()
-        if not self.q_lora_rank:  # files written before the field keep their cache names
-            del out["q_lora_rank"]
+        defaults = {  # files written before these fields keep their cache names
+            "q_lora_rank": 0,
+            "gating": "softmax",
+            "n_expert_groups": 0,
+            "n_group_used": 0,
+            "expert_weights_norm": False,
+        }
+        for name, value in defaults.items():
+            if out[name] == value:
+                del out[name]
         return out
 
 
@@ -143,6 +160,7 @@ def block_plan(cfg, layer: int, big) -> list[tuple[str, tuple[int, ...], type]]:
     Fs = shared_rows(cfg)
     plan += [
         (b + "ffn_gate_inp.weight", (E, D), np.float32),
+        *([(b + "exp_probs_b.bias", (E,), np.float32)] if cfg.gating == "sigmoid" else []),
         (b + "ffn_gate_exps.weight", (E, F, D), big),
         (b + "ffn_up_exps.weight", (E, F, D), big),
         (b + "ffn_down_exps.weight", (E, D, F), big),
@@ -183,6 +201,13 @@ def add_metadata(writer, cfg) -> None:
     writer.add_kv_lora_rank(R)
     writer.add_expert_shared_count(cfg.n_shared_expert)
     writer.add_expert_weights_scale(cfg.expert_weights_scale)
+    if cfg.gating == "sigmoid":
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if cfg.expert_weights_norm:
+        writer.add_expert_weights_norm(True)
+    if cfg.n_expert_groups > 1:
+        writer.add_expert_group_count(cfg.n_expert_groups)
+        writer.add_expert_group_used_count(cfg.n_group_used)
     if cfg.yarn_factor:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(cfg.yarn_factor)
@@ -209,6 +234,8 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
     if not name.startswith("blk."):
         return None
     kind = name.split(".")[2]
+    if kind == "exp_probs_b":  # [E] selection bias, about the spread of the sigmoid scores
+        return _gauss(w, name, shape, 0.1)
     if kind == "attn_q_b":
         return _gauss(w, name, shape, 1 / np.sqrt(shape[1]))
     if kind in (
