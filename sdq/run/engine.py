@@ -45,6 +45,11 @@ selection only, expert groups limit it, the chosen scores (renormalised) times
 expert_weights_scale weight the experts; an ungated shared expert adds to their sum. Its MTP
 blocks (nextn) are not run.
 
+deepseek2 replaces the attention by multi-head latent attention (sdq.run.mla: one compressed
+KV cache row of kv_lora_rank + RoPE dims per token, adjacent-pair RoPE with YaRN), and has
+glm4moe's leading dense blocks and ungated shared experts, with softmax routing (V2) or the
+sigmoid router above (V3-style files).
+
 The expert source is anything with the pager's `acquire / wait / views / release` API: the
 real `sdq.paging.cache.ExpertCache` (experts paged from the file into the arena) or
 `ResidentExperts` (all experts copied to RAM; for the resident benchmark and tests). All
