@@ -45,6 +45,11 @@ selection only, expert groups limit it, the chosen scores (renormalised) times
 expert_weights_scale weight the experts; an ungated shared expert adds to their sum. Its MTP
 blocks (nextn) are not run.
 
+gpt-oss runs in `sdq.run.gpt_oss.GptOssEngine` (`make_engine` picks it): attention with
+q/k/v/o biases, a sink logit per head and a sliding window on alternating blocks, YaRN RoPE,
+a biased router (softmax over the chosen logits), and experts with biases and the clamped
+SwiGLU, their weights MXFP4 (sdq.kernels.mxfp4) paged like any routed expert.
+
 deepseek2 replaces the attention by multi-head latent attention (sdq.run.mla: one compressed
 KV cache row of kv_lora_rank + RoPE dims per token, adjacent-pair RoPE with YaRN), and has
 glm4moe's leading dense blocks and ungated shared experts, with softmax routing (V2) or the
