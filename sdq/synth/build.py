@@ -153,6 +153,13 @@ class SynthConfig:
                 type_name in GGMLQuantizationType.__members__,
                 f"tensor type override {pattern!r}: unknown type {type_name!r}",
             )
+        if self.arch in LLAMA_MOE_ARCHES:
+            need(
+                not self.legacy_experts or self.arch == "llama",
+                "legacy_experts (one tensor per expert) is a llama (Mixtral) layout",
+            )
+            for field in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
+                need(getattr(self, field) > 0, f"{field} = {getattr(self, field)} must be > 0")
         if self.arch == "qwen35moe":
             need(
                 self.ssm_v_heads % self.ssm_k_heads == 0,
