@@ -1,5 +1,5 @@
-"""`sdq synth`: build (or find in the cache) a synthetic qwen3moe or qwen35moe GGUF model and
-print its path."""
+"""`sdq synth`: build (or find in the cache) a synthetic GGUF model (qwen3moe, qwen35moe, llama
+with experts, granitemoe...) and print its path."""
 
 from __future__ import annotations
 

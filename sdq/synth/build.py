@@ -20,6 +20,9 @@ top-8, 8 layers; about 1.5 GB in Q4_K_M. qwen35moe (`arch`, sdq.synth.qwen35): `
 (66 MB in Q4_K_M), `seed` shaped like Qwen3.6-35B-A3B (n_embd 2048, 256 experts top-8, expert
 FFN 512, one shared expert, delta-net blocks with 16 key / 32 value heads of 128, full attention
 with 16 query / 2 KV heads of 256) at depth 4: 3 delta-net blocks and 1 full-attention block.
+llama with experts (Mixtral) and granitemoe (sdq.synth.llama_moe), tiny's shapes: `tiny-mixtral`
+(8 experts top-2), `tiny-mixtral-legacy` (the same file split into one tensor per expert),
+`tiny-granitemoe` (16 experts top-4, tied embeddings, granite scales).
 
 Files are cached under `<cache>/models/` (`sdq.dirs`) by a content hash of (config, qtype,
 seed, SYNTH_FORMAT_VERSION, vocabulary hash, llama-cpp-python version). A model is written to a
