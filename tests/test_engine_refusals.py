@@ -44,7 +44,8 @@ CASES = {
             extra_tensors=_qk_norms(),
         ),
         "tensor blk.0.ffn_down_exps.weight is IQ4_XS, which sdq cannot compute "
-        "(2 tensors of type IQ4_XS; supported: BF16, F16, F32, MXFP4, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0)",
+        "(2 tensors of type IQ4_XS; supported: BF16, F16, F32, MXFP4, Q4_0, Q4_K, Q5_K, Q6_K, "
+        "Q8_0)",
     ),
     "expert_q2_k": (
         Layout(
