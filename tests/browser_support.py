@@ -123,7 +123,10 @@ class Browser:
         )
         browser = None
         try:
-            ws = websocket.create_connection(_devtools_url(process, profile), timeout=5)
+            # no Origin header: chromium refuses DevTools connections from an origin it was
+            # not told to allow (--remote-allow-origins), and a client without one is allowed
+            url = _devtools_url(process, profile)
+            ws = websocket.create_connection(url, timeout=5, suppress_origin=True)
             browser = cls(process, profile, ws)
             yield browser
         finally:

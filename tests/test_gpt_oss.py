@@ -15,7 +15,8 @@ from sdq.errors import UnsupportedError
 from sdq.format.model import open_model
 from sdq.format.tokenizer import Tokenizer
 from sdq.paging.cache import ExpertCache
-from sdq.run.engine import ResidentExperts, make_engine
+from sdq.run.engine import ResidentExperts
+from sdq.run.engines import make_engine
 from sdq.run.generate import GenerateSettings, generate
 from sdq.run.gpt_oss import GptOssEngine, gpt_oss_settings
 from sdq.run.plan import plan_for_slots

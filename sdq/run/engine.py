@@ -45,10 +45,10 @@ selection only, expert groups limit it, the chosen scores (renormalised) times
 expert_weights_scale weight the experts; an ungated shared expert adds to their sum. Its MTP
 blocks (nextn) are not run.
 
-gpt-oss runs in `sdq.run.gpt_oss.GptOssEngine` (`make_engine` picks it): attention with
-q/k/v/o biases, a sink logit per head and a sliding window on alternating blocks, YaRN RoPE,
-a biased router (softmax over the chosen logits), and experts with biases and the clamped
-SwiGLU, their weights MXFP4 (sdq.kernels.mxfp4) paged like any routed expert.
+gpt-oss runs in `sdq.run.gpt_oss.GptOssEngine` (`sdq.run.engines.make_engine` picks it):
+attention with q/k/v/o biases, a sink logit per head and a sliding window on alternating
+blocks, YaRN RoPE, a biased router (softmax over the chosen logits), and experts with biases
+and the clamped SwiGLU, their weights MXFP4 (sdq.kernels.mxfp4) paged like any routed expert.
 
 deepseek2 replaces the attention by multi-head latent attention (sdq.run.mla: one compressed
 KV cache row of kv_lora_rank + RoPE dims per token, adjacent-pair RoPE with YaRN), and has
@@ -75,12 +75,13 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from sdq.errors import ReadError, SdqError, UnsupportedError
-from sdq.kernels import delta_net, dequantize, ops, routing
-from sdq.kernels.act_quant import ACT_TYPE, quantize_activation
+from sdq.kernels import delta_net, ops, routing
+from sdq.kernels.act_quant import quantize_activation
 from sdq.kernels.dot import matmul_q
 from sdq.kernels.expert import QBlocks, expert_ffn
 from sdq.kernels.expert import supported as expert_kernel_supported
 from sdq.run import mla
+from sdq.run.matrix import Activations, Matrix
 from sdq.run.workspace import Workspace
 
 SUPPORTED_ARCHS = (
@@ -88,39 +89,6 @@ SUPPORTED_ARCHS = (
     "gpt-oss",
 )  # fmt: skip
 PROFILE_CATEGORIES = ("attention", "router", "expert_compute", "io_wait", "barrier", "other")
-
-
-@dataclass
-class Matrix:
-    """A weight matrix as stored in the GGUF: raw bytes (or floats), its type, [rows, cols]."""
-
-    name: str
-    raw: np.ndarray
-    qtype: int
-    rows: int
-    cols: int
-
-    def mul(self, acts: Activations, out: np.ndarray) -> None:  # X [T, cols] -> out [T, rows]
-        matmul_q(self.raw, self.qtype, self.rows, self.cols, acts.of(self.qtype), out)
-
-    def rows_of(self, ids: np.ndarray) -> np.ndarray:  # [n] -> [n, cols] f32
-        return dequantize(self.raw[ids], self.qtype, len(ids), self.cols)
-
-
-class Activations:
-    """Activations X [T, cols] converted (as ggml does: Q8_K, Q8_0, F16...) once per format,
-    then shared by every matrix that multiplies them (q/k/v; all experts' gate and up)."""
-
-    def __init__(self, x: np.ndarray):
-        self.x = x
-        self._by_format: dict = {}
-
-    def of(self, weight_qtype):
-        fmt = ACT_TYPE[weight_qtype]
-        qx = self._by_format.get(fmt)
-        if qx is None:
-            qx = self._by_format[fmt] = quantize_activation(self.x, weight_qtype)
-        return qx
 
 
 @dataclass
@@ -246,10 +214,8 @@ class DenseWeights:
         tensors = model.tensors
         if model.spec.arch == "qwen35moe":
             _check_hybrid(model)
-        if model.spec.arch == "gpt-oss":  # sinks, biases, clamped SwiGLU (sdq.run.gpt_oss)
-            from sdq.run import gpt_oss
-
-            return gpt_oss.assemble_weights(model, matrix, vector)
+        if model.spec.arch == "gpt-oss":
+            raise UnsupportedError(f"{model.path}: gpt-oss weights load with sdq.run.engines")
         embd = matrix("token_embd.weight")
         output = matrix("output.weight") if "output.weight" in tensors else embd
         layers = []
@@ -1066,15 +1032,6 @@ def pool_barrier(spans, workers: int, t_handed: float, t_end: float) -> float:
         return 0.0
     busy = sum(max(0.0, min(end, t_end) - max(start, t_handed)) for start, end in spans)
     return max(0.0, (workers * window - busy) / workers)
-
-
-def make_engine(model, experts, workspace: Workspace, n_ctx: int, n_ubatch: int, weights=None):
-    """The engine for the model's architecture: gpt-oss's (sdq.run.gpt_oss) or Engine."""
-    if model.spec.arch == "gpt-oss":
-        from sdq.run.gpt_oss import GptOssEngine
-
-        return GptOssEngine(model, experts, workspace, n_ctx, n_ubatch, weights=weights)
-    return Engine(model, experts, workspace, n_ctx, n_ubatch, weights=weights)
 
 
 def _expert_shapes(spec):

@@ -327,6 +327,14 @@ def assemble_weights(model, matrix, vector) -> DenseWeights:
 # --- the engine ----------------------------------------------------------------------------
 
 
+class GptOssWeights(DenseWeights):
+    """DenseWeights.load reading a gpt-oss file's layers (assemble_weights)."""
+
+    @classmethod
+    def _assemble(cls, model, matrix, vector) -> DenseWeights:
+        return assemble_weights(model, matrix, vector)
+
+
 class GptOssEngine(Engine):
     """Engine with gpt-oss's attention block and expert FFN (biases, clamped SwiGLU)."""
 
@@ -334,6 +342,7 @@ class GptOssEngine(Engine):
         if model.spec.arch != ARCH:
             raise UnsupportedError(f"{model.path}: {model.spec.arch} is not gpt-oss")
         self.settings = gpt_oss_settings(model)
+        weights = weights if weights is not None else GptOssWeights.load(model)
         super().__init__(model, experts, workspace, n_ctx, n_ubatch, weights=weights)
         self._tables: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._tables_at = (-1, -1)

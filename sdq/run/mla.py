@@ -229,7 +229,7 @@ def rope_tables(spec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def attention_block(engine, il: int, lw: MlaLayer, T: int) -> None:
     """x += MLA(rms_norm(x)) for the ubatch's T tokens; fills the layer's compressed cache."""
-    from sdq.run.engine import Activations
+    from sdq.run.matrix import Activations
 
     t0 = time.perf_counter()
     s, ws, a = engine.spec, engine.ws, lw.attn

@@ -110,7 +110,8 @@ def check_resident_fits(model, s: RunSettings) -> None:
 
 class Session:
     def __init__(self, settings: RunSettings):
-        from sdq.run.engine import DenseWeights, ResidentExperts, make_engine
+        from sdq.run.engine import ResidentExperts
+        from sdq.run.engines import load_weights, make_engine
         from sdq.run.workspace import Workspace
 
         s = self.settings = settings
@@ -122,7 +123,7 @@ class Session:
         if s.resident:
             check_resident_fits(model, s)
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
-            weights = DenseWeights.load(model)
+            weights = load_weights(model)
             experts = ResidentExperts(model)
         else:
             from sdq.paging.cache import ExpertCache
@@ -130,7 +131,7 @@ class Session:
             setup = plan_paged(model, s)
             self.plan, self.prefetch_next = setup.plan, setup.prefetch_next
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
-            weights = DenseWeights.load(model)
+            weights = load_weights(model)
             experts = ExpertCache(model, self.plan, io=setup.io, settings=setup.cache)
         self.experts = experts
         self.engine = make_engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sdq.errors import ParamsError
-from sdq.synth import build
+from sdq.synth import config as build
 from sdq.synth.weights import SynthWeights, rng_for, to_f16_values
 
 ARCH = "deepseek2"
@@ -116,8 +116,6 @@ PRESETS = {
         tensor_types=(("attn_k_b|attn_v_b", "Q8_0"),),
     ),
 }
-
-build.PRESETS.update(PRESETS)
 
 
 def shared_rows(cfg) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sdq.errors import ParamsError
-from sdq.synth import build
+from sdq.synth import config as build
 from sdq.synth.weights import SynthWeights, rng_for, to_f16_values
 
 ARCH = "glm4moe"
@@ -97,8 +97,6 @@ PRESETS = {
         route_rank=8,
     ),
 }
-
-build.PRESETS.update(PRESETS)
 
 
 def block_plan(cfg: Glm4MoeConfig, layer: int, big) -> list[tuple[str, tuple[int, ...], type]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sdq.errors import ParamsError
-from sdq.synth import build
+from sdq.synth import config as build
 from sdq.synth.weights import SynthWeights, rng_for, to_f16_values
 
 ARCH = "gpt-oss"
@@ -70,8 +70,6 @@ PRESETS = {
         moe_gain=0.3,
     ),
 }
-
-build.PRESETS.update(PRESETS)
 
 
 def block_plan(cfg: GptOssConfig, layer: int, big) -> list[tuple[str, tuple[int, ...], type]]:
