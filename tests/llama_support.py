@@ -34,7 +34,19 @@ def llama(path, n_ctx: int, **kwargs):
     )
 
 
-def llama_logits(path, tokens) -> np.ndarray:
-    llm = llama(path, len(tokens) + 8)
+def llama_logits(path, tokens, **kwargs) -> np.ndarray:
+    """kwargs go to llama() (flash_attn=True...)."""
+    llm = llama(path, len(tokens) + 8, **kwargs)
     llm.eval(tokens)
     return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # [T, V]
+
+
+def llama_greedy(path, prompt: list[int], n: int) -> list[int]:
+    """llama.cpp's greedy continuation: n tokens, each the argmax after the ones before."""
+    llm = llama(path, len(prompt) + n)
+    llm.eval(prompt)
+    theirs = []
+    for _ in range(n):
+        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval(theirs[-1:])
+    return theirs

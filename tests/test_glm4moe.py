@@ -5,53 +5,30 @@ RoPE over 32 of 64 dims, and 1 MTP block that is listed but not run. The engine 
 llama.cpp, paged against resident experts, the CLI under a budget, the anatomy and the plan.
 """
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
+from family_support import (
+    chat_summary,
+    chat_under_budget,
+    greedy_both,
+    model_fixture,
+    paged_and_resident,
+    per_position_error,
+    sdq_engine,
+    sdq_logits,
+    teacher_forced_three_ways,
+)
+from llama_support import N_UBATCH, llama_logits, random_tokens
 
 from sdq.format.model import anatomy, open_model
-from sdq.format.tokenizer import Tokenizer
-from sdq.paging.cache import ExpertCache
-from sdq.run.engine import Engine, ResidentExperts
-from sdq.run.generate import GenerateSettings, generate
-from sdq.run.plan import plan_for_slots
-from sdq.run.sampler import SamplerSettings
-from sdq.run.workspace import Workspace, workspace_bytes
+from sdq.run.workspace import workspace_bytes
 from sdq.synth.build import build_model
 
 PRESET = "tiny-glm4moe"
 
 
-def sdq_engine(path, n_ctx: int, experts=None, n_ubatch: int = N_UBATCH):
-    model = open_model(path)
-    ws = Workspace.allocate(model.spec, n_ctx, n_ubatch)
-    experts = experts if experts is not None else ResidentExperts(model)
-    return Engine(model, experts, ws, n_ctx, n_ubatch)
-
-
-def sdq_logits(engine, tokens, n_ubatch: int = N_UBATCH) -> np.ndarray:
-    parts = [
-        engine.forward(tokens[i : i + n_ubatch], "all") for i in range(0, len(tokens), n_ubatch)
-    ]
-    return np.concatenate(parts)  # [T, V]
-
-
-def per_position_error(got, want) -> np.ndarray:
-    return np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
-
-
-@pytest.fixture(scope="module")
-def f32_path(llama_cpp):
-    return build_model(PRESET, qtype="F32", seed=0)
-
-
-@pytest.fixture(scope="module")
-def q4_path(llama_cpp):
-    return build_model(PRESET, qtype="Q4_K_M", seed=0)
+f32_path = model_fixture(PRESET, "F32", "f32_path")
+q4_path = model_fixture(PRESET, "Q4_K_M", "q4_path")
 
 
 @pytest.fixture(scope="module")
@@ -122,34 +99,17 @@ def test_each_feature_changes_the_logits(f32_path, f32_llama_logits, change):
 
 
 def test_f32_greedy_continuation_identical(f32_path):
-    tok = Tokenizer.from_gguf(f32_path)
-    prompt = tok.encode(TEXT)
-    n = 32
-    engine = sdq_engine(f32_path, len(prompt) + n)
-    settings = GenerateSettings(n_predict=n, sampler=SamplerSettings(temp=0.0), stop_at_eos=False)
-    ours = generate(engine, tok, prompt, settings).generated_ids
-    llm = llama(f32_path, len(prompt) + n)
-    llm.eval(prompt)
-    theirs = []
-    for _ in range(n):
-        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval(theirs[-1:])
-    assert len(prompt) > N_UBATCH and ours == theirs
+    ours, theirs, n_prompt = greedy_both(f32_path, 32)
+    assert n_prompt > N_UBATCH and ours == theirs
 
 
 @pytest.mark.parametrize("qtype, bar", [("Q8_0", 0.97), ("Q4_K_M", 0.975)])
 def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
-    path = build_model(PRESET, qtype=qtype, seed=0)
     n = 260
-    tokens = random_tokens(n, seed=2)
-    got = sdq_logits(sdq_engine(path, n + 8), tokens)
-    want = llama_logits(path, tokens)
-    fa = llama(path, n + 8, flash_attn=True)  # llama.cpp again, attention sums in another order
-    fa.eval(tokens)
-    other = np.array(fa.scores[:n], dtype=np.float32)  # [T, V]
-    err = per_position_error(got, want)
-    agree = (got.argmax(1) == want.argmax(1)).mean()
-    self_agree = (other.argmax(1) == want.argmax(1)).mean()
+    path = build_model(PRESET, qtype=qtype, seed=0)
+    # self_agree: llama.cpp against itself with flash attention, attention sums in another order
+    err, agree, self_agree = teacher_forced_three_ways(path, n)
+    agree, self_agree = agree / n, self_agree / n  # fractions of the n positions
     # Both engines convert activations to 8-bit blocks as ggml does and agree to float32
     # rounding until a last-bit difference moves an activation across a rounding boundary
     # (measured: first at position 25 for Q8_0, 12 for Q4_K_M). In this model such an event
@@ -172,39 +132,19 @@ def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
 
 @pytest.mark.parametrize("n_ubatch", [1, 16])
 def test_paged_experts_give_the_resident_logits(q4_path, n_ubatch):
-    tokens = random_tokens(40, seed=3)
-    base = sdq_logits(sdq_engine(q4_path, 64, n_ubatch=n_ubatch), tokens, n_ubatch)
-    model = open_model(q4_path)
-    K = model.spec.n_expert_used
-    slots = K + 3  # < 2 x one layer's K used experts: acquires in chunks, evicts
+    # K + 3 slots < 2 x one layer's K used experts: acquires in chunks, evicts
+    base, got, stats, slots = paged_and_resident(q4_path, n_ubatch)
+    K = open_model(q4_path).spec.n_expert_used
     assert slots < 2 * K
-    with ExpertCache(model, plan_for_slots(model, slots)) as cache:
-        got = sdq_logits(sdq_engine(q4_path, 64, cache, n_ubatch), tokens, n_ubatch)
-        stats = cache.stats
     assert np.array_equal(got, base)
     assert stats["misses"] > 0 and stats["evictions"] > 0
 
 
 def test_chat_under_a_budget_exits_0(q4_path):
-    plan = subprocess.run(
-        [sys.executable, "-m", "sdq", "plan", str(q4_path), "--ram-budget-mb", "1"]
-        + ["--reserve-mb", "0"],
-        capture_output=True,
-        text=True,
-    )
-    assert plan.returncode == 2 and len(plan.stderr.strip().splitlines()) == 1
-    minimum = float(plan.stderr.split("minimum budget ")[1].split(" MB")[0])
+    chat, budget = chat_under_budget(q4_path)
     # a few slots: far fewer than the model's 32 experts (the process itself, with Numba and
     # the 150k-token vocabulary, is larger than this 67 MB file, so no budget below it runs)
-    budget = minimum + 1
-    chat = subprocess.run(
-        [sys.executable, "-m", "sdq", "chat", "-m", str(q4_path), "-p", "Hello there", "-n", "8"]
-        + ["--ram-budget-mb", f"{budget:.1f}", "--reserve-mb", "0", "--json"],
-        capture_output=True,
-        text=True,
-    )
-    assert chat.returncode == 0, chat.stderr
-    out = json.loads(chat.stdout)
+    out = chat_summary(chat)
     assert out["n_generated"] == 8
     assert out["slots"] < 2 * open_model(q4_path).spec.n_expert
     assert out["expert_cache"]["misses"] > 0

@@ -13,14 +13,11 @@ needs multiples of 256, so it uses the `tiny` preset. Prompts are longer than on
 
 import numpy as np
 import pytest
-from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
+from family_support import greedy_both, per_position_error, sdq_engine
+from family_support import sdq_logits as engine_logits
+from llama_support import TEXT, llama, llama_logits, random_tokens
 
-from sdq.format.model import open_model
 from sdq.format.tokenizer import Tokenizer
-from sdq.run.engine import Engine, ResidentExperts
-from sdq.run.generate import GenerateSettings, generate
-from sdq.run.sampler import SamplerSettings
-from sdq.run.workspace import Workspace
 from sdq.synth.build import SynthConfig, build_model
 
 PARITY = SynthConfig(
@@ -36,23 +33,8 @@ PARITY = SynthConfig(
 )
 
 
-def sdq_engine(path, n_ctx: int):
-    model = open_model(path)
-    ws = Workspace.allocate(model.spec, n_ctx, N_UBATCH)
-    return Engine(model, ResidentExperts(model), ws, n_ctx, N_UBATCH)
-
-
 def sdq_logits(path, tokens) -> np.ndarray:
-    engine = sdq_engine(path, len(tokens) + 8)
-    parts = [
-        engine.forward(tokens[i : i + N_UBATCH], "all") for i in range(0, len(tokens), N_UBATCH)
-    ]
-    return np.concatenate(parts)  # [T, V]
-
-
-def per_position_error(got, want) -> np.ndarray:
-    """max |difference| over the vocabulary / max |llama.cpp logit|, per position."""
-    return np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+    return engine_logits(sdq_engine(path, len(tokens) + 8), tokens)  # [T, V]
 
 
 @pytest.fixture(scope="module")
@@ -81,20 +63,8 @@ def test_f32_logits_of_every_position(f32_path):
 
 
 def test_f32_greedy_continuation_identical(f32_path):
-    tok = Tokenizer.from_gguf(f32_path)
-    prompt = tok.encode(TEXT)
-    n = 36
-    engine = sdq_engine(f32_path, len(prompt) + n)
-    settings = GenerateSettings(n_predict=n, sampler=SamplerSettings(temp=0.0), stop_at_eos=False)
-    ours = generate(engine, tok, prompt, settings).generated_ids
-
-    llm = llama(f32_path, len(prompt) + n)
-    llm.eval(prompt)
-    theirs = []
-    for _ in range(n):
-        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval(theirs[-1:])
-    assert len(prompt) > 32 and ours == theirs
+    ours, theirs, n_prompt = greedy_both(f32_path, 36)
+    assert n_prompt > 32 and ours == theirs
 
 
 @pytest.mark.parametrize(

@@ -5,24 +5,28 @@ expert), paged against resident experts, and the CLI on it.
 """
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from family_support import (
+    chat_summary,
+    chat_under_budget,
+    f32_logits_error,
+    greedy_both,
+    model_fixture,
+    paged_and_resident,
+    sdq_engine,
+    sdq_logits,
+    teacher_forced_logits,
+)
 from gguf.constants import GGUFValueType
 from gguf_builders import Layout, write_model
-from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
+from llama_support import N_UBATCH, llama, random_tokens
 
 from sdq.errors import UnsupportedError
 from sdq.format.model import anatomy, open_model
-from sdq.format.tokenizer import Tokenizer
 from sdq.kernels import ops
-from sdq.paging.cache import ExpertCache
 from sdq.run.engine import Engine, ResidentExperts
-from sdq.run.generate import GenerateSettings, generate
-from sdq.run.plan import plan_for_slots
-from sdq.run.sampler import SamplerSettings
 from sdq.run.workspace import Workspace
 from sdq.synth.build import build_model
 
@@ -30,32 +34,8 @@ PRESET, LEGACY = "tiny-mixtral", "tiny-mixtral-legacy"
 STR, F32 = GGUFValueType.STRING, GGUFValueType.FLOAT32
 
 
-def sdq_engine(path, n_ctx: int, experts=None, n_ubatch: int = N_UBATCH):
-    model = open_model(path)
-    ws = Workspace.allocate(model.spec, n_ctx, n_ubatch)
-    experts = experts if experts is not None else ResidentExperts(model)
-    return Engine(model, experts, ws, n_ctx, n_ubatch)
-
-
-def sdq_logits(engine, tokens, n_ubatch: int = N_UBATCH) -> np.ndarray:
-    parts = [
-        engine.forward(tokens[i : i + n_ubatch], "all") for i in range(0, len(tokens), n_ubatch)
-    ]
-    return np.concatenate(parts)  # [T, V]
-
-
-def per_position_error(got, want) -> np.ndarray:
-    return np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
-
-
-@pytest.fixture(scope="module")
-def f32_path(llama_cpp):
-    return build_model(PRESET, qtype="F32", seed=0)
-
-
-@pytest.fixture(scope="module")
-def q4_path(llama_cpp):
-    return build_model(PRESET, qtype="Q4_K_M", seed=0)
+f32_path = model_fixture(PRESET, "F32", "f32_path")
+q4_path = model_fixture(PRESET, "Q4_K_M", "q4_path")
 
 
 @pytest.fixture(scope="module")
@@ -114,42 +94,26 @@ def test_synth_arch_flag_picks_the_preset(q4_path, capsys):
 
 
 def test_engine_matches_llama_cpp_f32(f32_path):
-    tokens = random_tokens(100, seed=1)  # two ubatches of 64 on both sides
-    want = llama_logits(f32_path, tokens)
-    got = sdq_logits(sdq_engine(f32_path, len(tokens) + 8), tokens)
+    err, ours, theirs = f32_logits_error(f32_path, 100)  # two ubatches of 64 on both sides
     # F32 weights and activations: only float rounding differs
-    assert per_position_error(got, want).max() < 1e-5
-    assert (got.argmax(1) == want.argmax(1)).all()
+    assert err.max() < 1e-5
+    assert (ours == theirs).all()
 
 
 def test_f32_greedy_continuation_identical(f32_path):
-    tok = Tokenizer.from_gguf(f32_path)
-    prompt = tok.encode(TEXT)
-    n = 32
-    engine = sdq_engine(f32_path, len(prompt) + n)
-    settings = GenerateSettings(n_predict=n, sampler=SamplerSettings(temp=0.0), stop_at_eos=False)
-    ours = generate(engine, tok, prompt, settings).generated_ids
-    llm = llama(f32_path, len(prompt) + n)
-    llm.eval(prompt)
-    theirs = []
-    for _ in range(n):
-        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval(theirs[-1:])
-    assert len(prompt) > N_UBATCH and ours == theirs
+    ours, theirs, n_prompt = greedy_both(f32_path, 32)
+    assert n_prompt > N_UBATCH and ours == theirs
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M"])
 def test_quantized_teacher_forcing(llama_cpp, qtype):
-    path = build_model(PRESET, qtype=qtype, seed=0)
-    tokens = random_tokens(260, seed=2)
-    got = sdq_logits(sdq_engine(path, len(tokens) + 8), tokens)
-    want = llama_logits(path, tokens)
+    got, want = teacher_forced_logits(build_model(PRESET, qtype=qtype, seed=0), 260)
     agree = int((got.argmax(1) == want.argmax(1)).sum())
     # Both engines convert activations to the same 8-bit blocks; now and then a last-bit
     # difference in a float sum moves an activation across a rounding boundary, and that
     # position and the later ones attending to it move by up to ~1 % of the largest logit.
     # Measured top-1 agreement: 259/260 (Q8_0), 260/260 (Q4_K_M).
-    assert agree >= 0.99 * len(tokens), f"top-1 agreement {agree}/{len(tokens)}"
+    assert agree >= 0.99 * len(got), f"top-1 agreement {agree}/{len(got)}"
 
 
 def test_legacy_layout_gives_the_merged_logits(q4_path, q4_legacy_path):
@@ -170,38 +134,18 @@ def test_legacy_layout_gives_the_merged_logits(q4_path, q4_legacy_path):
 @pytest.mark.parametrize("layout, n_ubatch", [("merged", 1), ("merged", 16), ("legacy", 16)])
 def test_paged_experts_give_the_resident_logits(q4_path, q4_legacy_path, layout, n_ubatch):
     path = q4_path if layout == "merged" else q4_legacy_path
-    tokens = random_tokens(40, seed=3)
-    base = sdq_logits(sdq_engine(path, 64, n_ubatch=n_ubatch), tokens, n_ubatch)
-    model = open_model(path)
-    slots = model.spec.n_expert_used + 1  # < 2 x one layer's 2 used experts: evicts
-    assert slots < 2 * model.spec.n_expert_used
-    with ExpertCache(model, plan_for_slots(model, slots)) as cache:
-        got = sdq_logits(sdq_engine(path, 64, cache, n_ubatch), tokens, n_ubatch)
-        stats = cache.stats
+    # K + 1 slots < 2 x one layer's 2 used experts: evicts
+    base, got, stats, slots = paged_and_resident(path, n_ubatch, extra_slots=1)
+    assert slots < 2 * open_model(path).spec.n_expert_used
     assert np.array_equal(got, base)
     assert stats["misses"] > 0 and stats["evictions"] > 0
 
 
 def test_chat_under_a_budget_exits_0(q4_path):
-    plan = subprocess.run(
-        [sys.executable, "-m", "sdq", "plan", str(q4_path), "--ram-budget-mb", "1"]
-        + ["--reserve-mb", "0"],
-        capture_output=True,
-        text=True,
-    )
-    assert plan.returncode == 2 and len(plan.stderr.strip().splitlines()) == 1
-    minimum = float(plan.stderr.split("minimum budget ")[1].split(" MB")[0])
+    chat, budget = chat_under_budget(q4_path)
     # the process itself (Python, Numba: ~300 MB) is most of the minimum, so the budget is
     # above this small file's size; the arena still holds fewer experts than the model has
-    budget = minimum + 1
-    chat = subprocess.run(
-        [sys.executable, "-m", "sdq", "chat", "-m", str(q4_path), "-p", "Hello there"]
-        + ["-n", "8", "--ram-budget-mb", f"{budget:.1f}", "--reserve-mb", "0", "--json"],
-        capture_output=True,
-        text=True,
-    )
-    assert chat.returncode == 0, chat.stderr
-    out = json.loads(chat.stdout)
+    out = chat_summary(chat)
     assert out["n_generated"] == 8
     spec = open_model(q4_path).spec
     assert out["slots"] < spec.n_layer * spec.n_expert  # the experts are paged, not all held

@@ -5,18 +5,19 @@ the file's anatomy."""
 
 import numpy as np
 import pytest
-from gguf import GGUFValueType
-from gguf_builders import Layout, write_model
-from llama_support import N_UBATCH, llama, random_tokens
-from standard_moe_support import (
+from family_support import (
     chat_summary,
     chat_under_budget,
     f32_logits_error,
     greedy_both,
+    model_fixture,
     paged_and_resident,
     sdq_engine,
     teacher_forced,
 )
+from gguf import GGUFValueType
+from gguf_builders import Layout, write_model
+from llama_support import N_UBATCH, llama, random_tokens
 
 from sdq.format.model import anatomy, open_model
 from sdq.synth.build import build_model
@@ -24,14 +25,8 @@ from sdq.synth.build import build_model
 PRESET = "tiny-qwen2moe"
 
 
-@pytest.fixture(scope="module")
-def f32_path(llama_cpp):
-    return build_model(PRESET, qtype="F32", seed=0)
-
-
-@pytest.fixture(scope="module")
-def q4_path(llama_cpp):
-    return build_model(PRESET, qtype="Q4_K_M", seed=0)
+f32_path = model_fixture(PRESET, "F32", "f32_path")
+q4_path = model_fixture(PRESET, "Q4_K_M", "q4_path")
 
 
 def test_llama_cpp_loads_it_and_the_spec_reads_its_keys(f32_path):

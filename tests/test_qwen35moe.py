@@ -4,55 +4,35 @@ block, 12 query / 3 KV heads, delta-net 3 key / 6 value heads, shared expert), p
 resident experts, the CLI on it, and one-line refusals.
 """
 
-import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from family_support import (
+    chat_summary,
+    chat_under_budget,
+    greedy_both,
+    model_fixture,
+    paged_and_resident,
+    per_position_error,
+    sdq_engine,
+    sdq_logits,
+    teacher_forced,
+)
 from gguf_builders import Layout, write_model
-from llama_support import N_UBATCH, TEXT, llama, llama_logits, random_tokens
+from llama_support import N_UBATCH, llama_logits, random_tokens
 
 from sdq.errors import UnsupportedError
 from sdq.format.model import open_model
-from sdq.format.tokenizer import Tokenizer
 from sdq.kernels import delta_net
-from sdq.paging.cache import ExpertCache
 from sdq.run.engine import Engine, ResidentExperts
-from sdq.run.generate import GenerateSettings, generate
-from sdq.run.plan import plan_for_slots
 from sdq.run.qwen35_reference import Qwen35Reference
-from sdq.run.sampler import SamplerSettings
 from sdq.run.workspace import Workspace
 from sdq.synth.build import build_model
 
-
-def sdq_engine(path, n_ctx: int, experts=None, n_ubatch: int = N_UBATCH):
-    model = open_model(path)
-    ws = Workspace.allocate(model.spec, n_ctx, n_ubatch)
-    experts = experts if experts is not None else ResidentExperts(model)
-    return Engine(model, experts, ws, n_ctx, n_ubatch)
-
-
-def sdq_logits(engine, tokens, n_ubatch: int = N_UBATCH) -> np.ndarray:
-    parts = [
-        engine.forward(tokens[i : i + n_ubatch], "all") for i in range(0, len(tokens), n_ubatch)
-    ]
-    return np.concatenate(parts)  # [T, V]
-
-
-def per_position_error(got, want) -> np.ndarray:
-    return np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
-
-
-@pytest.fixture(scope="module")
-def f32_path(llama_cpp):
-    return build_model("tiny35", qtype="F32", seed=0)
-
-
-@pytest.fixture(scope="module")
-def q4_path(llama_cpp):
-    return build_model("tiny35", qtype="Q4_K_M", seed=0)
+f32_path = model_fixture("tiny35", "F32", "f32_path")
+q4_path = model_fixture("tiny35", "Q4_K_M", "q4_path")
 
 
 # --- kernels against their references -----------------------------------------------------
@@ -143,29 +123,13 @@ def test_reference_and_engine_match_llama_cpp_f32(f32_path):
 
 
 def test_f32_greedy_continuation_identical(f32_path):
-    tok = Tokenizer.from_gguf(f32_path)
-    prompt = tok.encode(TEXT)
-    n = 32
-    engine = sdq_engine(f32_path, len(prompt) + n)
-    settings = GenerateSettings(n_predict=n, sampler=SamplerSettings(temp=0.0), stop_at_eos=False)
-    ours = generate(engine, tok, prompt, settings).generated_ids
-    llm = llama(f32_path, len(prompt) + n)
-    llm.eval(prompt)
-    theirs = []
-    for _ in range(n):
-        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval(theirs[-1:])
-    assert len(prompt) > N_UBATCH and ours == theirs
+    ours, theirs, n_prompt = greedy_both(f32_path, 32)
+    assert n_prompt > N_UBATCH and ours == theirs
 
 
 @pytest.mark.parametrize("qtype, bar", [("Q8_0", 0.97), ("Q4_K_M", 0.95)])
 def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
-    path = build_model("tiny35", qtype=qtype, seed=0)
-    tokens = random_tokens(260, seed=2)
-    got = sdq_logits(sdq_engine(path, len(tokens) + 8), tokens)
-    want = llama_logits(path, tokens)
-    err = per_position_error(got, want)
-    agree = (got.argmax(1) == want.argmax(1)).mean()
+    agree, err = teacher_forced(build_model("tiny35", qtype=qtype, seed=0), 260)
     # Both engines convert activations to 8-bit blocks and their float sums differ in the
     # last bit; now and then such a bit moves an activation across a rounding boundary. In
     # qwen3moe that moves one position (and, diluted, the ones attending to it); here the
@@ -183,15 +147,9 @@ def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
 
 @pytest.mark.parametrize("n_ubatch", [1, 16])
 def test_paged_experts_give_the_resident_logits(q4_path, n_ubatch):
-    tokens = random_tokens(40, seed=3)
-    base = sdq_logits(sdq_engine(q4_path, 64, n_ubatch=n_ubatch), tokens, n_ubatch)
-    model = open_model(q4_path)
-    spec = model.spec
-    slots = spec.n_expert_used + 3  # < 2 x one layer's 8 experts: acquires in chunks, evicts
-    assert slots < 2 * spec.n_expert
-    with ExpertCache(model, plan_for_slots(model, slots)) as cache:
-        got = sdq_logits(sdq_engine(q4_path, 64, cache, n_ubatch), tokens, n_ubatch)
-        stats = cache.stats
+    # K + 3 slots < 2 x one layer's 8 experts: acquires in chunks, evicts
+    base, got, stats, slots = paged_and_resident(q4_path, n_ubatch)
+    assert slots < 2 * open_model(q4_path).spec.n_expert
     assert np.array_equal(got, base)
     assert stats["misses"] > 0 and stats["evictions"] > 0
 
@@ -207,47 +165,9 @@ def test_engine_reset_forgets_the_recurrent_state(f32_path):
 
 def test_chat_under_a_budget_exits_0(q4_path):
     size_mb = q4_path.stat().st_size / 1e6
-    plan = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sdq",
-            "plan",
-            str(q4_path),
-            "--ram-budget-mb",
-            "1",
-            "--reserve-mb",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert plan.returncode == 2 and len(plan.stderr.strip().splitlines()) == 1
-    minimum = float(plan.stderr.split("minimum budget ")[1].split(" MB")[0])
-    budget = minimum + 1  # a few slots: far fewer than the model's 32 experts
-    chat = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sdq",
-            "chat",
-            "-m",
-            str(q4_path),
-            "-p",
-            "Hello there",
-            "-n",
-            "8",
-            "--ram-budget-mb",
-            f"{budget:.1f}",
-            "--reserve-mb",
-            "0",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert chat.returncode == 0, chat.stderr
-    out = json.loads(chat.stdout)
+    chat, budget = chat_under_budget(q4_path)
+    # budget = minimum + 1: a few slots, far fewer than the model's 32 experts
+    out = chat_summary(chat)
     assert out["n_generated"] == 8
     assert out["slots"] < 4 * open_model(q4_path).spec.n_expert
     assert out["expert_cache"]["misses"] > 0
