@@ -94,11 +94,13 @@ def test_chat_under_a_budget_at_the_plans_minimum(q4_path):
     chat, budget = chat_under_budget(q4_path)
     out = chat_summary(chat)
     # The budget (measured ~365 MB) is mostly the process itself (Python, NumPy, Numba), more
-    # than this 66 MB file: what stays below the file is the arena, fewer slots than one
-    # layer has experts, so experts are read and evicted while the chat runs.
+    # than this 66 MB file: what stays below the file is the arena, fewer slots than the
+    # model has experts, so experts are read and evicted while the chat runs.
     spec = open_model(q4_path).spec
     assert out["n_generated"] == 8
-    assert out["slots"] < spec.n_expert
+    # the process measured in the chat differs from the plan's by ~1-2 MB, 10-20 slots here:
+    # the arena holds fewer experts than the model has, not always fewer than one layer's
+    assert out["slots"] < spec.n_layer * spec.n_expert
     assert out["expert_cache"]["misses"] > 0
 
 
