@@ -26,7 +26,7 @@ import numpy as np
 
 from sdq.errors import ParamsError
 from sdq.synth import config as build
-from sdq.synth.weights import SynthWeights, rng_for, to_f16_values
+from sdq.synth.weights import SynthWeights, gaussian, rng_for, to_f16_values
 
 ARCH = "deepseek2"
 
@@ -217,12 +217,6 @@ def _n_vocab(writer) -> int:
     return build._n_vocab()
 
 
-def _gauss(w: SynthWeights, name: str, shape, scale: float) -> np.ndarray:
-    out = rng_for(w.seed, name).standard_normal(shape, np.float32)
-    out *= scale
-    return to_f16_values(out)
-
-
 def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
     """Values of a deepseek2-only tensor (float32, f16-rounded), or None for a shared kind."""
     cfg = w.cfg
@@ -233,9 +227,9 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
         return None
     kind = name.split(".")[2]
     if kind == "exp_probs_b":  # [E] selection bias, about the spread of the sigmoid scores
-        return _gauss(w, name, shape, 0.1)
+        return gaussian(w.seed, name, shape, 0.1)
     if kind == "attn_q_b":
-        return _gauss(w, name, shape, 1 / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(shape[1]))
     if kind in (
         "attn_q",
         "attn_q_a",
@@ -245,11 +239,11 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
         "ffn_gate_shexp",
         "ffn_up_shexp",
     ):
-        return _gauss(w, name, shape, 1 / np.sqrt(D))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(D))
     if kind in ("attn_k_b", "attn_v_b"):  # [H, rows, cols]: unit-scale rows
-        return _gauss(w, name, shape, 1 / np.sqrt(shape[-1]))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(shape[-1]))
     if kind == "attn_output":
-        return _gauss(w, name, shape, cfg.attn_noise / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, cfg.attn_noise / np.sqrt(shape[1]))
     if kind in ("ffn_down", "ffn_down_shexp"):
-        return _gauss(w, name, shape, cfg.moe_gain / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, cfg.moe_gain / np.sqrt(shape[1]))
     return None

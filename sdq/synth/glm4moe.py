@@ -24,7 +24,7 @@ import numpy as np
 
 from sdq.errors import ParamsError
 from sdq.synth import config as build
-from sdq.synth.weights import SynthWeights, rng_for, to_f16_values
+from sdq.synth.weights import SynthWeights, gaussian, rng_for, to_f16_values
 
 ARCH = "glm4moe"
 
@@ -163,12 +163,6 @@ def add_metadata(writer, cfg: Glm4MoeConfig) -> None:
     writer.add_nextn_predict_layers(cfg.n_nextn)
 
 
-def _gauss(w: SynthWeights, name: str, shape, scale: float) -> np.ndarray:
-    out = rng_for(w.seed, name).standard_normal(shape, np.float32)
-    out *= scale
-    return to_f16_values(out)
-
-
 def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
     """Values of a glm4moe-only tensor (float32, f16-rounded), or None for a shared kind."""
     cfg = w.cfg
@@ -178,11 +172,11 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
         return None
     kind = name.split(".")[2]
     if name.endswith(".bias"):  # attn_{q,k,v}.bias, exp_probs_b.bias
-        return _gauss(w, name, shape, cfg.bias_std)
+        return gaussian(w.seed, name, shape, cfg.bias_std)
     if kind in ("ffn_gate", "ffn_up", "ffn_gate_shexp", "ffn_up_shexp"):
-        return _gauss(w, name, shape, 1 / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(shape[1]))
     if kind in ("ffn_down", "ffn_down_shexp"):
-        return _gauss(w, name, shape, cfg.moe_gain / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, cfg.moe_gain / np.sqrt(shape[1]))
     if kind == "nextn":
-        return _gauss(w, name, shape, 1 / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(shape[1]))
     return None

@@ -22,7 +22,7 @@ import numpy as np
 
 from sdq.errors import ParamsError
 from sdq.synth import config as build
-from sdq.synth.weights import SynthWeights, rng_for, to_f16_values
+from sdq.synth.weights import SynthWeights, gaussian, rng_for, to_f16_values
 
 ARCH = "gpt-oss"
 
@@ -111,13 +111,6 @@ def add_metadata(writer, cfg: GptOssConfig) -> None:
     writer.add_rope_scaling_orig_ctx_len(cfg.rope_orig_ctx)
 
 
-def _gauss(w: SynthWeights, name: str, shape, scale: float, mean: float = 0.0) -> np.ndarray:
-    out = rng_for(w.seed, name).standard_normal(shape, np.float32)
-    out *= scale
-    out += mean
-    return to_f16_values(out)
-
-
 def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
     """Values of a gpt-oss tensor (float32, f16-rounded), or None for a qwen3moe kind."""
     cfg = w.cfg
@@ -130,9 +123,9 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
         std = cfg.expert_bias_std if kind.endswith("_exps") else cfg.bias_std
         if kind == "ffn_down_exps":
             std *= cfg.moe_gain
-        return _gauss(w, name, shape, std)
+        return gaussian(w.seed, name, shape, std)
     if kind == "attn_sinks":
-        return _gauss(w, name, shape, 1.0, cfg.sink_mean)
+        return gaussian(w.seed, name, shape, 1.0, cfg.sink_mean)
     if kind in ("ffn_gate_exps", "ffn_up_exps"):
         part = kind[len("ffn_") : -len("_exps")]
         out = np.stack([w.expert(layer, part, e) for e in range(shape[0])])  # [E, F, D]

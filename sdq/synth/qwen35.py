@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sdq.synth.weights import SynthWeights, rng_for, to_f16_values
+from sdq.synth.weights import SynthWeights, gaussian, rng_for, to_f16_values
 
 ARCH = "qwen35moe"
 
@@ -91,12 +91,6 @@ def add_metadata(writer, cfg) -> None:
     writer.add_full_attention_interval(cfg.full_attention_interval)
 
 
-def _gauss(w: SynthWeights, name: str, shape, scale: float) -> np.ndarray:
-    out = rng_for(w.seed, name).standard_normal(shape, np.float32)
-    out *= scale
-    return to_f16_values(out)
-
-
 def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
     """Values of a qwen35moe-only tensor (float32, f16-rounded), or None for a shared kind."""
     cfg = w.cfg
@@ -109,25 +103,25 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
     if kind == "attn_q":  # the qwen3moe construction's Q, a Gaussian gate after each head's rows
         H, Dh = cfg.n_head, cfg.head_dim
         q = w.attention(int(name.split(".")[1]))["attn_q"].reshape(H, Dh, D)  # [H, Dh, D]
-        gate = _gauss(w, name + ".gate", (H, Dh, D), 1 / np.sqrt(D))  # [H, Dh, D]
+        gate = gaussian(w.seed, name + ".gate", (H, Dh, D), 1 / np.sqrt(D))  # [H, Dh, D]
         return np.concatenate([q, gate], axis=1).reshape(shape)
     if kind in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"):
-        return _gauss(w, name, shape, 1 / np.sqrt(D))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(D))
     if kind == "ssm_out":
-        return _gauss(w, name, shape, cfg.attn_noise / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, cfg.attn_noise / np.sqrt(shape[1]))
     if kind == "ssm_conv1d":  # [C, Kc]: mostly the current token, some of the previous ones
-        taps = _gauss(w, name, shape, 0.3)
+        taps = gaussian(w.seed, name, shape, 0.3)
         taps[:, -1] += 1.0
         return to_f16_values(taps)
     if kind == "ssm_dt":
-        return _gauss(w, name, shape, 0.5)
+        return gaussian(w.seed, name, shape, 0.5)
     if kind == "ssm_a":  # -exp(A_log): decay rates between about 0.14 and 2.7 per unit dt
         a_log = rng_for(w.seed, name).uniform(-2.0, 1.0, shape)
         return to_f16_values(-np.exp(a_log).astype(np.float32))
     if kind == "ffn_gate_inp_shexp":
-        return _gauss(w, name, shape, 1 / np.sqrt(D))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(D))
     if kind in ("ffn_gate_shexp", "ffn_up_shexp"):
-        return _gauss(w, name, shape, 1 / np.sqrt(D))
+        return gaussian(w.seed, name, shape, 1 / np.sqrt(D))
     if kind == "ffn_down_shexp":
-        return _gauss(w, name, shape, cfg.moe_gain / np.sqrt(shape[1]))
+        return gaussian(w.seed, name, shape, cfg.moe_gain / np.sqrt(shape[1]))
     return None

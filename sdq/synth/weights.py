@@ -88,6 +88,15 @@ def to_f16_values(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
+def gaussian(seed: int, name: str, shape, scale: float, mean: float = 0.0) -> np.ndarray:
+    """Values of one tensor: mean + scale x a standard normal drawn for `name`, f16-rounded."""
+    out = rng_for(seed, name).standard_normal(shape, np.float32)
+    out *= scale
+    if mean:
+        out += mean
+    return to_f16_values(out)
+
+
 def _byte_decoder() -> dict[str, int]:
     """Byte-level BPE: the printable character that stands for each byte value."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
