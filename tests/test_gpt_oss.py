@@ -99,3 +99,21 @@ def test_unsupported_rope_scaling_is_one_line(f32_path):
     model.metadata["gpt-oss.rope.scaling.type"] = "longrope"
     with pytest.raises(UnsupportedError, match="longrope"):
         gpt_oss_settings(model)
+
+
+def test_the_plan_counts_a_ring_for_the_windowed_layers(mxfp4_path):
+    from sdq.run.workspace import swa_ring, workspace_bytes
+
+    spec = open_model(mxfp4_path).spec
+    C, T, W = 4096, 64, spec.sliding_window
+    kv = {k: b for k, b in workspace_bytes(spec, C, T).items() if k.endswith("cache")}
+    row = spec.n_head_kv * spec.head_dim * 4  # bytes of one position's K (or V) in one layer
+    assert swa_ring(spec, C, T) == W + T - 1 == 79
+    # blocks 1 and 3 keep every position, blocks 0 and 2 the last W + T - 1
+    assert kv == {
+        "k_cache": 2 * C * row,
+        "v_cache": 2 * C * row,
+        "swa_k_cache": 2 * 79 * row,
+        "swa_v_cache": 2 * 79 * row,
+    }
+    assert swa_ring(spec, 32, T) == 32  # a context shorter than the ring: the context

@@ -116,6 +116,32 @@ def test_attention_with_sinks_matches_reference(window):
         assert np.abs(full - want).max() > 1e-2
 
 
+@pytest.mark.parametrize("p0", [0, 9, 40])
+def test_a_windowed_layer_reads_its_ring_as_the_full_cache(p0):
+    # a window of W keeps positions in a ring of W + T - 1 rows (row p % R): attention over it
+    # equals attention over the full cache, for a ubatch that wraps the ring and one that not
+    rng = np.random.default_rng(6)
+    T, H, Hkv, Dh, W = 5, 4, 2, 16, 6
+    R = W + T - 1
+    q = rng.standard_normal((T, H, Dh)).astype(np.float32)  # [T, H, Dh]
+    kc = rng.standard_normal((p0 + T, Hkv * Dh)).astype(np.float32)  # [C, Hkv*Dh] every position
+    vc = rng.standard_normal((p0 + T, Hkv * Dh)).astype(np.float32)
+    ring_k = np.full((R, Hkv * Dh), np.nan, np.float32)  # [R, Hkv*Dh]: rows never written stay NaN
+    ring_v = ring_k.copy()
+    for pos in range(max(0, p0 + T - R), p0 + T):  # what the ring holds after the ubatch
+        ring_k[pos % R], ring_v[pos % R] = kc[pos], vc[pos]
+    sinks = rng.standard_normal(H).astype(np.float32)  # [H]
+    full = np.empty((T, H, Dh), np.float32)
+    gpt_oss.attention_sinks(q, kc, vc, p0, Hkv, sinks, W, full)
+    ring = np.empty_like(full)
+    gpt_oss.attention_sinks(q, ring_k, ring_v, p0, Hkv, sinks, W, ring)
+    assert np.array_equal(ring, full)  # the same keys in the same order: bit for bit
+    want = gpt_oss.attention_sinks_ref(q, ring_k, ring_v, p0, Hkv, sinks, W)
+    np.testing.assert_allclose(ring, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="window 6"):  # one row short of the ring
+        gpt_oss.attention_sinks(q, ring_k[: R - 1], ring_v[: R - 1], p0 + R, Hkv, sinks, W, ring)
+
+
 def yarn(factor: float, ext: float) -> gpt_oss.YarnRope:
     return gpt_oss.YarnRope(
         n_dims=64,

@@ -65,6 +65,7 @@ ARCH_GATING: dict[str, str] = {"glm4moe": "sigmoid"}
 ROPE_NORM_ARCHES = ("llama", "deepseek2", "granitemoe")
 # Architectures with the granite scales (embedding, residual, attention, logit)
 GRANITE_ARCHES = ("granitemoe",)
+SWA_ARCHES = ("gpt-oss",)
 
 _PLAIN_DTYPES = {
     Q.F32: np.float32,
@@ -183,6 +184,10 @@ class ModelSpec:
     n_dense_lead: int = 0  # leading_dense_block_count: blocks 0..n-1 have a dense FFN
     rope_dim: int = 0  # rope.dimension_count: rotated dims of each head (0: head_dim)
     mla: MlaSpec | None = None  # multi-head latent attention (deepseek2), None: plain attention
+    # sliding-window attention (gpt-oss): the layers in swa_layers see only the last
+    # sliding_window positions (0: no window)
+    sliding_window: int = 0
+    swa_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -437,6 +442,7 @@ def open_model(path: str | os.PathLike) -> Model:
         rope_neox=arch not in ROPE_NORM_ARCHES,
         **_routing_keys(keys, arch),
         **(_granite_scales(keys) if arch in GRANITE_ARCHES else {}),
+        **(_sliding_window_keys(keys, n_layer) if arch in SWA_ARCHES else {}),
     )
     return Model(path, spec, tensors, meta, header, experts)
 
@@ -494,6 +500,22 @@ def _routing_keys(keys: _Keys, arch: str) -> dict[str, Any]:
         "n_dense_lead": keys.int("leading_dense_block_count", default=0),
         "rope_dim": keys.int("rope.dimension_count", default=0),
     }
+
+
+def _sliding_window_keys(keys: _Keys, n_layer: int) -> dict[str, Any]:
+    """attention.sliding_window and the layers it applies to, by llama.cpp's rule: the
+    sliding_window_pattern array flags each layer; an integer n (default 2) makes layer il
+    slide when il % n < n - 1 (n = 0: every layer). No window key: no layer slides."""
+    window = keys.int("attention.sliding_window", default=0)
+    if not window:
+        return {}
+    pattern = keys.meta.get(f"{keys.arch}.attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        layers = tuple(il for il, on in enumerate(pattern[:n_layer]) if on)
+    else:
+        n = keys.int("attention.sliding_window_pattern", default=2, maximum=1 << 20)
+        layers = tuple(il for il in range(n_layer) if n == 0 or il % n < n - 1)
+    return {"sliding_window": window, "swa_layers": layers}
 
 
 def _granite_scales(keys: _Keys) -> dict[str, float]:

@@ -21,9 +21,9 @@ Per layer, against the qwen3moe pass in sdq.run.engine:
 
 Expert weights are MXFP4 (sdq.kernels.mxfp4, Q8_0 activations) or any type matmul_q runs;
 they are paged like any routed expert. The expert biases (ffn_*_exps.bias, E*(2F+D) floats
-per layer) are small and stay resident with the dense weights. The KV cache is the full
-[L, C, Hkv*Dh] of the workspace for every layer (a sliding-window layer reads only its last
-W positions of it).
+per layer) are small and stay resident with the dense weights. A full-attention layer keeps
+a KV cache of C positions; a sliding-window layer a ring of W + n_ubatch - 1 (position p in
+row p % R: sdq.run.workspace.swa_ring), which is what the memory plan counts.
 """
 
 from __future__ import annotations
@@ -78,15 +78,9 @@ def gpt_oss_settings(model) -> GptOssSettings:
     """The gpt-oss hyperparameters beyond ModelSpec, read with llama.cpp's keys and rules."""
     meta, spec, path = model.metadata, model.spec, model.path
     a = f"{spec.arch}."
-    window = int(meta.get(a + "attention.sliding_window", 0))
     if a + "attention.sliding_window" not in meta:
         raise UnsupportedError(f"{path}: gpt-oss without {a}attention.sliding_window")
-    pattern = meta.get(a + "attention.sliding_window_pattern", 2)
-    if isinstance(pattern, list):
-        swa = frozenset(il for il, on in enumerate(pattern[: spec.n_layer]) if on)
-    else:  # layer il slides when il % n < n - 1 (n = 0: every layer)
-        n = int(pattern)
-        swa = frozenset(il for il in range(spec.n_layer) if n == 0 or il % n < n - 1)
+    window, swa = spec.sliding_window, frozenset(spec.swa_layers)
     scaling = str(meta.get(a + "rope.scaling.type", "linear"))
     if scaling not in ("none", "linear", "yarn"):
         raise UnsupportedError(f"{path}: rope scaling {scaling!r} (none, linear, yarn only)")
@@ -163,6 +157,7 @@ def yarn_tables(positions: np.ndarray, rope: YarnRope, freq_base: float):
 @kernel(parallel=True, fastmath=FLOAT_MATH)
 def _attention_sinks(q, k_cache, v_cache, p0, Hkv, scale, sinks, window, out):
     T, H, Dh = q.shape
+    R = k_cache.shape[0]  # position p in row p % R (R > every position: a plain cache)
     G = H // Hkv
     for th in numba.prange(T * H):
         t = th // H
@@ -174,9 +169,10 @@ def _attention_sinks(q, k_cache, v_cache, p0, Hkv, scale, sinks, window, out):
         scores = np.empty(n, np.float32)
         m = sinks[h]
         for j in range(n):
+            r = (lo + j) % R
             s = np.float32(0.0)
             for i in range(Dh):
-                s += q[t, h, i] * k_cache[lo + j, c0 + i]
+                s += q[t, h, i] * k_cache[r, c0 + i]
             s *= scale
             scores[j] = s
             if s > m:
@@ -190,19 +186,32 @@ def _attention_sinks(q, k_cache, v_cache, p0, Hkv, scale, sinks, window, out):
             out[t, h, i] = 0.0
         inv = np.float32(1.0) / total
         for j in range(n):
+            r = (lo + j) % R
             p = scores[j] * inv
             for i in range(Dh):
-                out[t, h, i] += p * v_cache[lo + j, c0 + i]
+                out[t, h, i] += p * v_cache[r, c0 + i]
+
+
+def _check_cache(k_cache, p0: int, T: int, window: int, H: int, Hkv: int) -> None:
+    """A cache of R rows holds what the ubatch reads: every position (R >= p0 + T) or, for a
+    window W, the ring of the last W + T - 1 (sdq.run.workspace.swa_ring)."""
+    R = k_cache.shape[0]
+    need = p0 + T if window <= 0 else min(p0 + T, window + T - 1)
+    if H % Hkv or R < need:
+        raise ValueError(
+            f"attention: {H} heads over {Hkv} KV heads, cache {k_cache.shape} for positions"
+            f" {p0}..{p0 + T - 1} (window {window})"
+        )
 
 
 def attention_sinks(q, k_cache, v_cache, p0: int, Hkv: int, sinks, window: int, out) -> None:
     """Causal GQA attention of T tokens at p0..p0+T-1 whose per-head softmax also counts the
     sink logit sinks[h]; with window W > 0 a query at p sees keys p-W+1..p only.
 
-    q [T, H, Dh]; k_cache, v_cache [C, Hkv*Dh] holding positions 0..p0+T-1; out [T, H, Dh]."""
+    q [T, H, Dh]; k_cache, v_cache [R, Hkv*Dh] holding position p in row p % R: R > p0+T-1
+    for a plain cache, R >= W + T - 1 for a window's ring; out [T, H, Dh]."""
     T, H, Dh = q.shape
-    if H % Hkv or k_cache.shape[0] < p0 + T:
-        raise ValueError(f"attention: {H} heads over {Hkv} KV heads, cache {k_cache.shape}")
+    _check_cache(k_cache, p0, T, window, H, Hkv)
     scale = np.float32(1.0 / math.sqrt(Dh))
     _attention_sinks(q, k_cache, v_cache, p0, Hkv, scale, sinks, int(window), out)
 
@@ -210,15 +219,17 @@ def attention_sinks(q, k_cache, v_cache, p0: int, Hkv: int, sinks, window: int, 
 def attention_sinks_ref(q, k_cache, v_cache, p0: int, Hkv: int, sinks, window: int):
     """NumPy reference of `attention_sinks` -> [T, H, Dh]."""
     T, H, Dh = q.shape
+    R = k_cache.shape[0]
     G = H // Hkv
     out = np.zeros((T, H, Dh), np.float32)
     for t in range(T):
         pos = p0 + t
         lo = max(0, pos - window + 1) if window > 0 else 0
+        rows = np.arange(lo, pos + 1) % R  # [n] ring rows of positions lo..pos
         for h in range(H):
             kv = h // G
-            k = k_cache[lo : pos + 1, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
-            v = v_cache[lo : pos + 1, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
+            k = k_cache[rows, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
+            v = v_cache[rows, kv * Dh : (kv + 1) * Dh]  # [n, Dh]
             s = (k @ q[t, h]) / np.float32(math.sqrt(Dh))  # [n]
             m = max(float(s.max()), float(sinks[h]))
             e = np.exp(s - m)
@@ -344,6 +355,11 @@ class GptOssEngine(Engine):
         self.settings = gpt_oss_settings(model)
         weights = weights if weights is not None else GptOssWeights.load(model)
         super().__init__(model, experts, workspace, n_ctx, n_ubatch, weights=weights)
+        swa = self.settings.swa_layers if self.settings.sliding_window else frozenset()
+        self._swa_row = {il: i for i, il in enumerate(sorted(swa))}  # layer -> ring row
+        self._full_row = {
+            il: i for i, il in enumerate(l for l in range(model.spec.n_layer) if l not in swa)
+        }
         self._tables: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._tables_at = (-1, -1)
 
@@ -359,6 +375,16 @@ class GptOssEngine(Engine):
             positions = np.arange(self.n_past, self.n_past + T, dtype=np.float32)
             tables = self._tables[base] = yarn_tables(positions, r, base)
         return tables
+
+    def _kv_for(self, il: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Layer il's K and V cache [R, Hkv*Dh] and its window (0: none): a windowed layer's
+        ring of R = W + n_ubatch - 1 rows, or a full layer's C rows."""
+        s, ws = self.settings, self.ws
+        if il in s.swa_layers and s.sliding_window:
+            row = self._swa_row[il]
+            return ws.swa_k_cache[row], ws.swa_v_cache[row], s.sliding_window
+        row = self._full_row[il]
+        return ws.k_cache[row], ws.v_cache[row], 0
 
     def _route(self, lw, logits: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
         """Router logits [T, E] (bias added) -> top-K ids [T, K] and the softmax of the K
@@ -381,14 +407,12 @@ class GptOssEngine(Engine):
         cos, sin = self._rope_for(il, T)  # [T, Dh/2] each
         ops.rope_neox(q3, cos, sin)
         ops.rope_neox(k3, cos, sin)
-        row = self.kv_row[il]
-        ws.k_cache[row, p0 : p0 + T] = k
-        ws.v_cache[row, p0 : p0 + T] = v
-        window = self.settings.sliding_window if il in self.settings.swa_layers else 0
+        k_cache, v_cache, window = self._kv_for(il)  # [R, Hkv*Dh] each
+        rows = np.arange(p0, p0 + T) % k_cache.shape[0]  # [T] ring rows (plain: p0..p0+T-1)
+        k_cache[rows] = k
+        v_cache[rows] = v
         attn = ws.attn[:T]  # [T, H*Dh]
-        attention_sinks(
-            q3, ws.k_cache[row], ws.v_cache[row], p0, Hkv, lw.sinks, window, attn.reshape(T, H, Dh)
-        )
+        attention_sinks(q3, k_cache, v_cache, p0, Hkv, lw.sinks, window, attn.reshape(T, H, Dh))
         lw.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)

@@ -68,6 +68,9 @@ def workspace_layout(
         Fd = spec.dense_ffn
         layout["dense_gate"] = ((T, Fd), np.float32)  # gate projection, then silu(gate) * up
         layout["dense_up"] = ((T, Fd), np.float32)
+    if getattr(spec, "sliding_window", 0) and spec.swa_layers:  # gpt-oss: windowed layers
+        del layout["k_cache"], layout["v_cache"]
+        layout.update(_sliding_window_layout(spec, C, T))
     if getattr(spec, "mla", None) is not None:  # deepseek2: a compressed KV cache (sdq.run.mla)
         from sdq.run.mla import workspace_layout as mla_layout
 
@@ -75,6 +78,26 @@ def workspace_layout(
             del layout[name]
         layout.update(mla_layout(spec, C, T))
     return layout
+
+
+def swa_ring(spec, n_ctx: int, n_ubatch: int) -> int:
+    """Positions a sliding-window layer's KV ring holds: a ubatch of T tokens at p0 writes
+    p0..p0+T-1 and its first query still reads back to p0-W+1, so W + T - 1 (at most C).
+    Position p lives in row p % ring."""
+    return min(int(n_ctx), int(spec.sliding_window) + int(n_ubatch) - 1)
+
+
+def _sliding_window_layout(spec, C: int, T: int) -> dict[str, tuple[tuple[int, ...], type]]:
+    """The KV caches of a model with sliding-window layers (gpt-oss): the Lf full-attention
+    layers keep [Lf, C, Hkv*Dh], the Ls windowed ones a ring [Ls, R, Hkv*Dh] (R = swa_ring)."""
+    Ls = len(spec.swa_layers)
+    Lf, R, KV = spec.n_layer - Ls, swa_ring(spec, C, T), spec.n_head_kv * spec.head_dim
+    return {
+        "k_cache": ((Lf, C, KV), np.float32),  # [Lf, C, Hkv*Dh]
+        "v_cache": ((Lf, C, KV), np.float32),
+        "swa_k_cache": ((Ls, R, KV), np.float32),  # [Ls, R, Hkv*Dh], row p % R
+        "swa_v_cache": ((Ls, R, KV), np.float32),
+    }
 
 
 def has_dense_layers(spec) -> bool:
