@@ -11,6 +11,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from sdq.kernels import mxfp4, ops
 from sdq.kernels.act_quant import quantize_activation, quantize_q8_0_ref
+from sdq.kernels.simd import HAVE_AVX2
 from sdq.run import gpt_oss
 
 
@@ -53,16 +54,20 @@ def test_nibble_order_and_scale():
     assert mxfp4.HALF_SCALES[0] == 2.0**-128 and mxfp4.HALF_SCALES[254] == 2.0**126
 
 
-@pytest.mark.parametrize("T", [1, 5])
-def test_matmul_matches_reference_and_dequantized_product(T):
-    rows, cols = 24, 96
+@pytest.mark.parametrize("portable", [True, False], ids=["portable", "avx2"])
+@pytest.mark.parametrize("T,rows", [(1, 24), (5, 24), (7, 700)])  # 700 rows: several chunks
+def test_matmul_matches_reference_and_dequantized_product(T, rows, portable):
+    if not portable and not HAVE_AVX2:
+        pytest.skip("this CPU has no AVX2: only the portable kernel runs")
+    cols = 96
     raw = quants.quantize(
         np.random.default_rng(2).standard_normal((rows, cols)).astype(np.float32), Q.MXFP4
     )
     x = np.random.default_rng(3).standard_normal((T, cols)).astype(np.float32)  # [T, C]
+    x[0, :32] *= 40  # one block's activations large: the int8 products near their bounds
     qx = quantize_activation(x, Q.Q8_0)
     out = np.empty((T, rows), np.float32)
-    mxfp4.matmul(raw, rows, cols, qx, out)
+    mxfp4.matmul(raw, rows, cols, qx, out, portable=portable)
     xq, xd = quantize_q8_0_ref(x)
     np.testing.assert_array_equal(out, mxfp4.matmul_ref(raw, rows, cols, xq, xd))
     # the same product in floats: dequantized weights times dequantized activations

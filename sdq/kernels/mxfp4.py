@@ -21,7 +21,9 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from sdq.format.quants import block_facts
+from sdq.kernels.dot import CHUNKS_PER_THREAD, PARALLEL_MIN_WORK
 from sdq.kernels.jit import kernel
+from sdq.kernels.simd import HAVE_AVX2, dot_mxfp4
 
 QK_MXFP4 = int(block_facts(GGMLQuantizationType.MXFP4).block_size)  # 32 values
 BLOCK_BYTES = int(block_facts(GGMLQuantizationType.MXFP4).type_size)  # scale + 16 nibble bytes
@@ -91,14 +93,51 @@ def _matmul(w, kv, hs, xq, xd, out):  # w uint8 [R, NB*17]; xq int8 [T, C]; xd f
             out[t, r] = acc
 
 
-def matmul(raw: np.ndarray, rows: int, cols: int, qx, out: np.ndarray) -> None:
+@kernel(parallel=True)
+def _matmul_simd(w, hs, xq, xd, out, nch):  # as _matmul, one AVX2 block product per (b, t)
+    R = w.shape[0]
+    T, nb = xd.shape
+    flat = w.reshape(-1)
+    for c in numba.prange(nch):
+        acc = np.empty(T, np.float32)
+        for r in range(c * R // nch, (c + 1) * R // nch):
+            acc[:] = 0
+            for b in range(nb):
+                o = (r * nb + b) * BLOCK_BYTES
+                scale = hs[flat[o]]
+                for t in range(T):
+                    isum = dot_mxfp4(flat, o, xq, t * nb * 32 + b * 32)
+                    acc[t] += (xd[t, b] * scale) * np.float32(isum)
+            for t in range(T):
+                out[t, r] = acc[t]
+
+
+def matmul(
+    raw: np.ndarray, rows: int, cols: int, qx, out: np.ndarray, portable: bool = False
+) -> None:
     """out[T, rows] = X @ W.T for MXFP4 weights W [rows, cols] and X already converted to
-    Q8_0 (sdq.kernels.act_quant.QActivation of qtype Q8_0)."""
+    Q8_0 (sdq.kernels.act_quant.QActivation of qtype Q8_0). Where the CPU has AVX2 the block
+    products use vpshufb + vpmaddubsw (sdq.kernels.simd.dot_mxfp4), else plain Numba;
+    ``portable=True`` forces the latter. Both sum each row's blocks in the same order: the
+    same floats."""
     if cols % QK_MXFP4 or qx.cols != cols:
         raise ValueError(f"MXFP4 product: {cols} weight columns, {qx.cols} activations")
     w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     w = w[: rows * cols // QK_MXFP4 * BLOCK_BYTES].reshape(rows, -1)  # [R, NB*17]
-    _matmul(w, KVALUES, HALF_SCALES, qx.qs, qx.d, out.reshape(qx.T, rows))
+    out2 = out.reshape(qx.T, rows)
+    if portable or not HAVE_AVX2:
+        _matmul(w, KVALUES, HALF_SCALES, qx.qs, qx.d, out2)
+        return
+    xq = np.ascontiguousarray(qx.qs).reshape(-1)  # [T*C] int8
+    threads = numba.get_num_threads()
+    if threads > 1 and rows * cols * qx.T < PARALLEL_MIN_WORK:  # too small to wake threads
+        numba.set_num_threads(1)
+        try:
+            _matmul_simd(w, HALF_SCALES, xq, qx.d, out2, 1)
+        finally:
+            numba.set_num_threads(threads)
+    else:
+        _matmul_simd(w, HALF_SCALES, xq, qx.d, out2, min(rows, threads * CHUNKS_PER_THREAD))
 
 
 def matmul_ref(raw: np.ndarray, rows: int, cols: int, xq: np.ndarray, xd: np.ndarray):

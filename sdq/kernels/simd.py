@@ -5,7 +5,8 @@ LLVM's auto-vectorizer turns the portable kernels' int8 products into 16-bit mul
 instead (unsigned 8-bit x signed 8-bit -> pairwise 16-bit sums: 32 products per
 instruction), unpacking the 4/5/6-bit weights in registers. The Q8_0/Q4_0 functions here do
 the same, one quantization block per call, and return the block's exact integer sum, so
-results are identical to the portable kernels (tests check both against each other). The
+results are identical to the portable kernels (tests check both against each other). MXFP4's
+4-bit codes are looked up in a 16-entry table with ``vpshufb`` before the same product. The
 K-quant products are whole-row tiles in simd_mm.py, built on this module's ``_Emit``.
 
 No saturation can happen in ``vpmaddubsw``: the unsigned operand is at most 63 (Q6_K) or
@@ -139,6 +140,30 @@ def dot_q4_0(typingctx, raw, o, x, xo):
         hi = builder.lshr(q, e.splat(4, _V16x8))
         w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
         w = builder.sub(w, e.splat(8))
+        return e.hsum(e.signed_dot(w, e.load(2, xo_)))
+
+    return sig, codegen
+
+
+# MXFP4's E2M1 codes doubled to integers (sdq.kernels.mxfp4.KVALUES): the table of vpshufb
+_MXFP4_KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+@intrinsic
+def dot_mxfp4(typingctx, raw, o, x, xo):
+    """sum_i KVALUES[code_i] * x[xo + i] for the MXFP4 block at raw[o:o+17] (scale byte at o,
+    codes 0..15 in the low nibbles of bytes o+1.., codes 16..31 in the high ones)."""
+    sig = types.int32(raw, o, x, xo)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        _, o_, _, xo_ = args
+        q = e.load(0, e.off(o_, 1), _V16x8)
+        table = ir.Constant(_V16x8, [v & 0xFF for v in _MXFP4_KVALUES])
+        pshufb = e.fn("llvm.x86.ssse3.pshuf.b.128", _V16x8, [_V16x8, _V16x8])
+        lo = builder.call(pshufb, [table, builder.and_(q, e.splat(15, _V16x8))])
+        hi = builder.call(pshufb, [table, builder.lshr(q, e.splat(4, _V16x8))])
+        w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
         return e.hsum(e.signed_dot(w, e.load(2, xo_)))
 
     return sig, codegen
