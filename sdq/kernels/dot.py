@@ -64,7 +64,7 @@ CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is bu
 # other threads costs more than it saves (a few microseconds, far more on a busy machine).
 # 2^18 rather than 2^16: tiny35's resident decode / llama.cpp's rose from 1.57, 1.32, 1.39 to
 # 1.69, 1.37, 1.44 in three alternating `sdq bench resident` pairs (2 cores).
-PARALLEL_MIN_WORK = 1 << 18
+PARALLEL_MIN_WORK = 262_144  # 2^18
 # Unsigned array offsets: Numba then skips the negative-index fix-up and LLVM sees
 # contiguous loads it can vectorize (with signed offsets it emits byte-by-byte gathers).
 U = np.uint64
