@@ -278,7 +278,12 @@ class ExpertCache:
                         stream_free.append(streamed[0])  # never served: read it again
                         c["read_errors"] += 1
                         streamed = None
-                    if slot is None and streamed is None and not stream_free:
+                    if (
+                        slot is None
+                        and streamed is None
+                        and not stream_free
+                        and not streaming.wait_for_slot()
+                    ):
                         c["overflow_admits"] += 1  # no streaming slot left: admit instead
                         slot = chooser.overflow_slot()
                     if slot is not None:

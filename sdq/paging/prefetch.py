@@ -66,6 +66,18 @@ class StreamingSlots:
         self.reclaim()
         return len(unused)
 
+    def wait_for_slot(self) -> bool:
+        """Waits for the oldest dropped guess still being read and returns its slot to the
+        pool; False when none is draining. A miss the policy streams then finds a streaming
+        slot whether or not that wrong read had finished: no cache decision depends on I/O
+        timing."""
+        if not self.draining:
+            return False
+        slot, (batch, g) = self.draining.pop(0)
+        batch.failed(g)  # blocks until its reads are over; a failed wrong guess is only dropped
+        self.free.append(slot)
+        return True
+
     def reclaim(self) -> None:
         """Returns the slots of dropped guesses whose reads are over."""
         keep = []
