@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset",
         default=None,
         help="qwen3moe: tiny (tests, the default), mini (reproduce); qwen35moe: tiny35 (tests), "
-        "seed (shaped like Qwen3.6-35B-A3B, 4 blocks); llama (Mixtral): tiny-mixtral, "
+        "seed (shaped like Qwen3.6-35B-A3B, 4 blocks), seed-full (all 40 blocks, 21 GB); "
+        "llama (Mixtral): tiny-mixtral, "
         "tiny-mixtral-legacy (one tensor per expert); granitemoe: tiny-granitemoe; "
         "qwen2moe: tiny-qwen2moe; olmoe: tiny-olmoe; glm4moe: tiny-glm4moe; "
         "gpt-oss: tiny-gptoss (--qtype MXFP4_MOE for MXFP4 experts)",
@@ -66,6 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tied", action="store_true", default=None, help="share token_embd as the output head"
     )
     parser.add_argument("--out", help="also place the model at this path (hard link or copy)")
+    parser.add_argument(
+        "--remove",
+        action="store_true",
+        help="delete this model from the cache instead of building it (seed-full: 21 GB)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -80,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(preset, **overrides)
     if args.arch is not None and cfg.arch != args.arch:
         raise ParamsError(f"preset {preset!r} is a {cfg.arch} model, not {args.arch}")
+    if args.remove:
+        return _remove(model_path(cfg, args.qtype, args.seed))
     cached = model_path(cfg, args.qtype, args.seed).is_file()
     t0 = time.perf_counter()
     path = build_model(
@@ -98,6 +106,18 @@ def run(args: argparse.Namespace) -> int:
             f"  {summary['bytes'] / MB:.1f} MB ({how}); tensors: {types};"
             f" expert segments gate/up/down {seg['gate']:,}/{seg['up']:,}/{seg['down']:,} B"
         )
+    return 0
+
+
+def _remove(path) -> int:
+    """Delete a cached model file (and its build lock); a model not in the cache is no error."""
+    if not path.is_file():
+        print(f"{path}: not in the cache")
+        return 0
+    size = path.stat().st_size
+    path.unlink()
+    path.with_name(f".{path.name}.lock").unlink(missing_ok=True)
+    print(f"{path}: removed ({size / MB:.0f} MB)")
     return 0
 
 

@@ -111,6 +111,24 @@ PRESETS: dict[str, SynthConfig] = {
         route_rank=16,
         tensor_types=(("ffn_down_exps", "Q5_K"),),
     ),
+    # the seed's model at its full depth, 40 blocks (30 delta-net, 10 full attention): 10,240
+    # routed experts, 19.5 GB of them written directly as random Q4_K / Q5_K blocks
+    # (sdq.synth.direct_experts) rather than quantized from floats
+    "seed-full": SynthConfig(
+        name="seed-full",
+        arch="qwen35moe",
+        n_embd=2048,
+        n_layer=40,
+        n_expert=256,
+        n_expert_used=8,
+        expert_ffn=512,
+        n_head=16,
+        n_head_kv=2,
+        head_dim=256,
+        route_rank=16,
+        tensor_types=(("ffn_down_exps", "Q5_K"),),
+        direct_experts=True,
+    ),
     # qwen2moe: q/k/v biases, a shared expert (FFN 512) beside 16 routed experts top-4, no
     # renormalised top-K weights; H * Dh = n_embd (llama.cpp's attn_q and attn_output shapes)
     "tiny-qwen2moe": SynthConfig(
@@ -258,6 +276,8 @@ def _build(cfg: SynthConfig, q: str, seed: int, final: Path, *, progress: bool, 
 
             merged = build_model(llama_moe.merged_config(cfg), q, seed, nthread=nthread)
             llama_moe.split_experts(merged, tmp)
+        elif cfg.direct_experts:
+            _build_direct(cfg, q, seed, tmp, source, progress=progress, nthread=nthread)
         elif q in ("F32", "F16"):
             write_gguf(cfg, seed, tmp, dtype=q, progress=progress, threads=nthread)
         else:
@@ -273,6 +293,25 @@ def _build(cfg: SynthConfig, q: str, seed: int, final: Path, *, progress: bool, 
     finally:
         for path in (tmp, source):
             path.unlink(missing_ok=True)
+
+
+def _build_direct(cfg, q: str, seed: int, tmp: Path, source: Path, *, progress, nthread) -> None:
+    """A model whose routed experts are written as quantized blocks (sdq.synth.direct_experts):
+    the F16 source holds one expert per routed tensor (so llama.cpp's quantizer sees every
+    tensor name it would in the full file and picks the same types for the dense ones), the
+    quantizer makes the dense file, and the experts are drawn into the final file after it."""
+    from sdq.synth import direct_experts
+
+    for part in direct_experts.PARTS:  # refuse an unsupported type before minutes of work
+        direct_experts.expert_bytes(cfg, direct_experts.expert_type(cfg, q, part), part)
+    dense = tmp.with_name(tmp.name[: -len(".tmp")] + ".dense.tmp")
+    try:
+        write_gguf(cfg, seed, source, dtype="F16", progress=progress, threads=nthread)
+        quantize(source, dense, q, progress=progress, nthread=nthread, cfg=cfg)
+        source.unlink()
+        direct_experts.assemble(cfg, seed, q, dense, tmp, progress=progress)
+    finally:
+        dense.unlink(missing_ok=True)
 
 
 def _remove_stale_temps(final: Path) -> None:
@@ -374,6 +413,10 @@ def tensor_plan(cfg: SynthConfig, dtype: str) -> list[tuple[str, tuple[int, ...]
     plan.append(("output_norm.weight", (D,), np.float32))
     if not cfg.tied_embeddings:
         plan.append(("output.weight", (V, D), big))
+    if cfg.direct_experts:  # one placeholder expert each: sdq.synth.direct_experts writes them
+        from sdq.synth.direct_experts import is_routed_expert
+
+        plan = [(n, (1, *s[1:]) if is_routed_expert(n) else s, d) for n, s, d in plan]
     return plan
 
 

@@ -73,6 +73,9 @@ class SynthConfig:
     # llama.cpp quantizer overrides: (regular expression on tensor names, GGML type name);
     # left out of params() when empty
     tensor_types: tuple[tuple[str, str], ...] = ()
+    # routed experts written directly as random quantized blocks (sdq.synth.direct_experts)
+    # instead of drawn as floats and quantized; left out of params() when False
+    direct_experts: bool = False
     # llama / granitemoe only (sdq.synth.llama_moe); left out of params() for the others
     legacy_experts: bool = False  # one 2-D tensor per expert and part (early Mixtral files)
     embedding_scale: float = 1.0  # granitemoe's scales
@@ -177,6 +180,8 @@ class SynthConfig:
                 del out[name]
         if not self.tensor_types:
             del out["tensor_types"]
+        if not self.direct_experts:
+            del out["direct_experts"]
         return out
 
 
