@@ -93,13 +93,19 @@ def test_notebook_needs_exactly_one_parameters_cell(tmp_path):
         load_params(write(repo, MODEL + "00_demo: {}\n"), root=repo)
 
 
-@pytest.mark.parametrize("name", ["default", "smoke", "mini"])
-def test_committed_sets_load(name):
+@pytest.mark.parametrize("name", ["default", "smoke", "mini", "seed-scale"])
+def test_committed_sets_load_and_run_what_they_should(name):
+    from sdq.lab.paths import OWN_PARAMS
+
     p = load_params(name)
-    assert p.model.preset in {"tiny35", "seed", "mini"}
+    assert p.model.preset in {"tiny35", "seed", "mini", "seed-full"}
     notebooks = sorted(q.stem for q in (repo_root() / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    for stem in notebooks:
-        p.section(stem)  # every notebook can run with every committed set
+    own = {stem for stem, owner in OWN_PARAMS.items() if owner == name}
+    if own:  # a notebook's own set runs that notebook only
+        assert set(p.notebooks) == own
+        return
+    want = set(notebooks) if name == "smoke" else set(notebooks) - set(OWN_PARAMS)
+    assert set(p.notebooks) == want  # smoke runs everything, small (tests/test_notebooks.py)
 
 
 def test_the_lab_runs_the_seed_family_and_keeps_mini():
@@ -108,5 +114,6 @@ def test_the_lab_runs_the_seed_family_and_keeps_mini():
     assert load_params("smoke").model.preset == "tiny35"
     assert load_params("default").model.preset == "seed"
     assert load_params("mini").model.preset == "mini"
+    assert load_params("seed-scale").model.preset == "seed-full"
     default, mini = load_params("default"), load_params("mini")
     assert default.notebooks == mini.notebooks  # the same notebook settings, another model

@@ -83,6 +83,21 @@ def test_unknown_notebook_and_missing_section_fail_before_running(repo):
     bare = load_params("bare", root=repo)
     with pytest.raises(Exception, match="no section for notebook 00_ok"):
         reproduce.run(bare, root=repo, model_path=repo / "model.gguf")
+    with pytest.raises(Exception, match="no section for notebook 01_fails"):
+        reproduce.run(bare, only=["01_fails"], root=repo, model_path=repo / "model.gguf")
+
+
+@pytest.mark.slow
+def test_a_set_runs_the_notebooks_it_has_sections_for(repo):
+    (repo / "params" / "one.yaml").write_text(
+        "model: {preset: tiny, qtype: Q4_K_M, seed: 0}\n00_ok: {}\n"
+    )
+    lines = []
+    results = reproduce.run(
+        load_params("one", root=repo), root=repo, model_path=repo / "model.gguf", log=lines.append
+    )
+    assert [r.stem for r in results] == ["00_ok"]
+    assert any("not run (no section in params/one.yaml): 01_fails" in ln for ln in lines)
 
 
 def test_cli_unknown_params_is_exit_2(capsys):

@@ -333,3 +333,24 @@ def test_peer_settings_from_and_to_run_settings(tiny_model):
     assert child.ram_budget_mb == 700.0 and child.reserve_mb == 50.0 and not child.stop_at_eos
     assert child.sampler.temp == 0.0
     assert s.run_settings(resident=True, budget_mib=None).reserve_mb is None
+
+
+def test_warm_runs_follow_each_cold_cap_and_read_less(tiny_model):
+    from sdq.measure.peers import PeerSettings, run_peers
+
+    s = PeerSettings(model=str(tiny_model), prompt_ids=(14990, 1052, 11, 1246), tokens=3)
+    res = run_peers(
+        s, [700], 1, resident=False, capped_systems=("sdq", "llama-mmap"), warm_too=True
+    )
+    rows = {(r["mode"], r["system"]): r for r in res.rows}
+    assert set(rows) == {(m, x) for m in ("capped", "warm") for x in ("sdq", "llama-mmap")}
+    for (mode, system), r in rows.items():
+        assert r["status"] == "ok", (mode, system, r["status"])
+        assert r["cache"] == ("warm" if mode == "warm" else "cold")
+    # the warm-up generation brought the model's pages (llama.cpp) and experts (sdq) in:
+    # the measured prefill after it reads less from the device than a cold one
+    for system in ("sdq", "llama-mmap"):
+        cold, warm = rows[("capped", system)], rows[("warm", system)]
+        assert warm["prefill_device_mb"] < cold["prefill_device_mb"] + cold["load_device_mb"]
+    modes = [(r["mode"], r["cap_mb"]) for r in res.summary()]
+    assert modes.index(("capped", 700.0)) < modes.index(("warm", 700.0))

@@ -41,7 +41,7 @@ from sdq.lab.catalogue import CATALOGUE
 from sdq.lab.formatting import format_value
 from sdq.lab.notebooks import STEM_PATTERN, notebook_paths, read_notebook
 from sdq.lab.outputs import collect_verdicts
-from sdq.lab.paths import repo_root
+from sdq.lab.paths import repo_root, shown_params
 from sdq.lab.verdict import RULE, VERDICTS, distinct_numbers, from_record, rejudge
 
 MARKER = re.compile(r"\{\{\s*([a-z]+):([A-Za-z0-9_.-]+)(?::([^}\s]*))?\s*\}\}")
@@ -67,7 +67,7 @@ class Site:
         return self.docs / "src"
 
     def out(self, stem: str) -> Path:
-        return self.root / "outputs" / stem / self.params
+        return self.root / "outputs" / stem / shown_params(stem, self.params)
 
     def rel(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
@@ -103,7 +103,7 @@ def _render_page(site: Site, template: Path, charts: dict[Path, Path]) -> str:
         title = read_notebook(notebook).title if notebook.is_file() else stem
         return header + (
             f"# {title}\n\n*{NOT_PRODUCED}: {site.rel(out)}/ does not exist. Run "
-            f"`make reproduce PARAMS={site.params}` to produce it.*\n"
+            f"`make reproduce PARAMS={shown_params(stem, site.params)}` to produce it.*\n"
         )
     text = template.read_text(encoding="utf-8")
     values_path = out / "values.json"
@@ -175,7 +175,8 @@ def _provenance_line(site: Site, stem: str) -> str:
     model = p.get("model") or {}
     m = (p.get("params") or {}).get("model") or {}
     return (
-        f"*Produced by `make reproduce PARAMS={site.params}` on {p.get('date_utc', '?')} at "
+        f"*Produced by `make reproduce PARAMS={shown_params(stem, site.params)}` on "
+        f"{p.get('date_utc', '?')} at "
         f"commit {sha}; model: {m.get('preset', '?')} {m.get('qtype', '?')} seed "
         f"{m.get('seed', '?')} ({format_value(model.get('bytes'))} bytes); machine: "
         f"{cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} cores, "
@@ -203,7 +204,7 @@ def _runs_line(site: Site, stem: str, latest: dict) -> str:
         else "runs of this notebook with `{}` are"
     )
     return (
-        f"\n\n*{len(runs)} {kept.format(site.params)} kept in "
+        f"\n\n*{len(runs)} {kept.format(shown_params(stem, site.params))} kept in "
         f"[{where}/](../{where}/) ({'; '.join(shown)}); the figures above are from the latest, "
         f"{latest.get('date_utc', '?')}.*"
     )
@@ -218,7 +219,8 @@ def _code_warning(site: Site, p: dict) -> str:
     paths = ", ".join(f"`{c}`" for c in changed)
     return (
         f"\n\n**Warning: these outputs come from commit {sha}; {paths} differ at HEAD. "
-        f"Rerun `make reproduce ONLY={p.get('notebook', '?')} PARAMS={site.params}`.**"
+        f"Rerun `make reproduce ONLY={p.get('notebook', '?')} "
+        f"PARAMS={shown_params(p.get('notebook', ''), site.params)}`.**"
     )
 
 

@@ -30,3 +30,13 @@ def shown(path: Path, root: Path) -> str:
         return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
     except ValueError:
         return str(path)
+
+
+# Notebooks that only their own parameter set runs (too long for the default run): the default
+# docs and site show them from that set's outputs.
+OWN_PARAMS = {"06_seed_scenario": "seed-scale"}
+
+
+def shown_params(stem: str, params: str) -> str:
+    """The parameter set whose outputs a page of `params` shows for notebook `stem`."""
+    return OWN_PARAMS.get(stem, params) if params == "default" else params

@@ -1,9 +1,10 @@
 """Run every lab notebook with a parameter set: `python -m sdq.lab.reproduce --params smoke`.
 
 1. Build (or reuse from the cache) the synthetic model named by the set's `model:` section.
-2. For each notebooks/NN_*.ipynb, in order: execute it with papermill, parameters =
-   {params_name, model_path} + its section, into a staging folder; write provenance.json there;
-   then rename the folder to outputs/<stem>/<params>/. A partial run never looks finished.
+2. For each notebooks/NN_*.ipynb that the set has a section for, in order: execute it with
+   papermill, parameters = {params_name, model_path} + its section, into a staging folder;
+   write provenance.json there; then rename the folder to outputs/<stem>/<params>/. A partial
+   run never looks finished.
    Every finished run's tables, values, verdicts and provenance are also kept under
    outputs/<stem>/<params>/runs/<date>/, with the earlier runs' (sdq.lab.provenance.archive_run):
    rerunning a notebook adds a run, it never hides one.
@@ -50,7 +51,9 @@ def build_model(model: ModelParams) -> Path:
 
 
 def select(params: Params, root: Path, only: list[str] | None) -> list[Path]:
-    """The notebooks to run, each checked to have a section in the parameter set."""
+    """The notebooks to run: those named by `only`, each checked to have a section in the
+    parameter set, else every notebook the set has a section for (a set runs what it
+    configures: `seed-scale` only notebook 06, `default` every other one)."""
     paths = notebook_paths(root / "notebooks")
     if only:
         by_stem = {p.stem: p for p in paths}
@@ -59,9 +62,13 @@ def select(params: Params, root: Path, only: list[str] | None) -> list[Path]:
             known = ", ".join(by_stem) or "none"
             raise LabError(f"--only {unknown[0]}: no such notebook (notebooks/: {known})")
         paths = [by_stem[s] for s in only]
-    for p in paths:
-        params.section(p.stem)  # raises ParamsError naming the missing section
-    return paths
+        for p in paths:
+            params.section(p.stem)  # raises ParamsError naming the missing section
+        return paths
+    chosen = [p for p in paths if p.stem in params.notebooks]
+    if not chosen:
+        params.section(paths[0].stem if paths else "any notebook")  # ParamsError: no section
+    return chosen
 
 
 def run(
@@ -77,6 +84,11 @@ def run(
     root = root or repo_root()
     outputs_root = Path(outputs_root or root / "outputs")
     notebooks = select(params, root, only)
+    if not only:
+        chosen = {nb.stem for nb in notebooks}
+        skipped = [p.stem for p in notebook_paths(root / "notebooks") if p.stem not in chosen]
+        if skipped:
+            log(f"not run (no section in params/{params.path.name}): {', '.join(skipped)}")
     if model_path is None:
         m = params.model
         log(f"model: building/reusing {m.preset} {m.qtype} seed {m.seed} ...")

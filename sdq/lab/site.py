@@ -37,7 +37,7 @@ from sdq import files
 from sdq.errors import LabError, SdqError
 from sdq.lab import docs
 from sdq.lab.notebooks import notebook_paths
-from sdq.lab.paths import repo_root, shown
+from sdq.lab.paths import repo_root, shown, shown_params
 
 SITE_DIR = "site"
 NOTEBOOKS = "notebooks"  # rendered executed notebooks, in the MkDocs source folder
@@ -56,7 +56,7 @@ class Layout:
     params: str
 
     def out(self, stem: str) -> Path:
-        return self.root / "outputs" / stem / self.params
+        return self.root / "outputs" / stem / shown_params(stem, self.params)
 
     def executed(self, stem: str) -> Path:
         return self.out(stem) / f"{stem}.ipynb"

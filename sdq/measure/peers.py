@@ -12,8 +12,15 @@ memory condition, the child only generates and reports:
              cold: the model file's pages are dropped first. Systems: `sdq` (expert arena,
              `--ram-budget-mb` = the cap), `llama-mmap` (llama.cpp's default: the file mapped,
              the kernel pages it in on faults) and `llama-lazy` (llama.cpp's `lazy_mode` =
-             LLAMA_LAZY_MODE_ON: rows of the tensors its architecture marks read on demand).
+             LLAMA_LAZY_MODE_ON: rows of the tensors its architecture marks read on demand)
+             and `llama-mmap-norepack` (mmap with `use_extra_bufts` off: llama.cpp's default
+             repacks the weight types its CPU kernels prefer, Q4_K among them, into copies in
+             anonymous memory, so `llama-mmap` keeps those tensors in RAM, not in the mapping).
              No warm-up: the cold start is part of what a capped run measures.
+  warm       capped as above (pages dropped, the same cgroup cap), but the child first runs one
+             unmeasured generation of the same prompt (WARMUP_TOKENS tokens) under the cap:
+             the measured one finds what the cap let it keep (sdq's arena, llama.cpp's
+             page cache inside the cgroup), the steady state of a long session.
 
 Both engines' OpenMP workers get the same wait policy (`OMP_WAIT_POLICY`, PASSIVE by default,
 which is what sdq's kernels set for themselves): with ggml's default of spinning, llama.cpp's
@@ -58,8 +65,8 @@ if TYPE_CHECKING:
     from sdq.run.settings import RunSettings
 
 RESIDENT_SYSTEMS = ("sdq", "llama")
-CAPPED_SYSTEMS = ("sdq", "llama-mmap", "llama-lazy")
-ALL_SYSTEMS = ("sdq", "llama", "llama-mmap", "llama-lazy")
+CAPPED_SYSTEMS = ("sdq", "llama-mmap", "llama-lazy", "llama-mmap-norepack")
+ALL_SYSTEMS = ("sdq", "llama", *CAPPED_SYSTEMS[1:])
 RESULT_PREFIX = "SDQ-PEERS-RESULT "
 WARMUP_TOKENS = 4
 
@@ -157,14 +164,22 @@ class Condition:
 
     cap_mb: float | None = None  # MB = 10**6 bytes
     method: str = "none"  # none | cgroup | rlimit_data
+    warm: bool = False  # capped: measure the child's second generation, not its cold start
 
     @property
     def resident(self) -> bool:
         return self.cap_mb is None
 
     @property
+    def mode(self) -> str:
+        """resident | capped (cold start) | warm (capped, after a warm-up under the cap)."""
+        return "resident" if self.resident else "warm" if self.warm else "capped"
+
+    @property
     def label(self) -> str:
-        return "resident" if self.resident else f"cap {self.cap_mb:.0f} MB ({self.method})"
+        if self.resident:
+            return "resident"
+        return f"cap {self.cap_mb:.0f} MB ({self.method}{', warm' if self.warm else ''})"
 
 
 # -- small pure helpers ----------------------------------------------------------------------
@@ -336,7 +351,7 @@ def run_one(
         raise ParamsError(f"peer system {system!r}: expected one of {ALL_SYSTEMS}")
     row: dict = {
         "system": system,
-        "mode": "resident" if cond.resident else "capped",
+        "mode": cond.mode,
         "cap_mb": cond.cap_mb,
         "limit_method": cond.method,
         "repeat": repeat,
@@ -345,8 +360,9 @@ def run_one(
         row["cache"] = "warm"
     else:
         row["cached_share_before"] = limits.drop_file_cache(settings.model)
-        row["cache"] = "cold"
+        row["cache"] = "warm" if cond.warm else "cold"
     job = {"system": system, "settings": asdict(settings), "resident": cond.resident}
+    job["warmup"] = cond.resident or cond.warm
     if not cond.resident:
         job["ram_budget_mb"] = cond.cap_mb * MB / MIB  # sdq's budget is in MiB, the cap in MB
     cmd = [python or sys.executable, "-m", "sdq.measure.peers", json.dumps(job)]
@@ -438,7 +454,7 @@ class PeersResult:
                 if m is None:
                     continue
                 row = dict(m)
-                if system == "sdq" and mode == "capped" and m.get("ok_runs"):
+                if system == "sdq" and mode != "resident" and m.get("ok_runs"):
                     row["io_ceiling_tok_s"] = io_ceiling_tok_s(
                         m.get("sdq_ssd_mb_per_token"), self.bandwidth_mb_s
                     )
@@ -474,7 +490,7 @@ class PeersResult:
                         ),
                     }
                 )
-            if mode == "capped" and s:
+            if mode != "resident" and s:
                 ceiling = io_ceiling_tok_s(s.get("sdq_ssd_mb_per_token"), self.bandwidth_mb_s)
                 bound, _ = decode_bound_tok_s(ceiling, resident)
                 for vs, limit in (("io-ceiling", ceiling), ("bound", bound)):
@@ -522,7 +538,7 @@ class PeersResult:
 
 def _cond_key(c: tuple) -> tuple:
     mode, cap = c
-    return (0 if mode == "resident" else 1, cap or 0.0)
+    return ({"resident": 0, "capped": 1}.get(mode, 2), cap or 0.0)
 
 
 def _ratio(a, b):
@@ -543,6 +559,7 @@ def run_peers(
     copy_model: bool = True,
     retry_failed: bool = False,
     systems_at: Mapping[float, Sequence[str]] | None = None,
+    warm_too: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> PeersResult:
     """Resident comparison (when `resident`), then every cap; `repeat` rounds of each, the
@@ -550,7 +567,9 @@ def run_peers(
     copy of the model (`copy_model`), dropped from the page cache before each run. A system
     that failed under a cap (a refused budget, an OOM kill) is not run there again unless
     `retry_failed`: its row then has one run, the failed one. `systems_at` names other capped
-    systems for some caps (e.g. llama-lazy too at one cap), run in the same rotation."""
+    systems for some caps (e.g. llama-lazy too at one cap), run in the same rotation. With
+    `warm_too`, each cap is also run warm (mode "warm"): the child first generates once,
+    unmeasured, under the same cap, then the measured generation follows."""
     settings.validate()
     if repeat < 1:
         raise ParamsError(f"--repeat {repeat} must be >= 1")
@@ -590,8 +609,13 @@ def run_peers(
                 copy = stack.enter_context(private_copy(settings.model))
                 capped = replace(settings, model=str(copy))
             res.provenance["capped_file"] = "private copy" if copy_model else "the model file"
-            for cap in caps_mb:
-                cond = Condition(float(cap), method)
+            conds = [
+                Condition(float(cap), method, warm)
+                for cap in caps_mb
+                for warm in ((False, True) if warm_too else (False,))
+            ]
+            for cond in conds:
+                cap = cond.cap_mb
                 failed: set[str] = set()
                 for r in range(repeat):
                     systems = systems_at.get(float(cap), tuple(capped_systems))
@@ -671,10 +695,15 @@ def child_main(job: dict) -> dict:
     if system == "sdq":
         runner = _SdqChild(settings, job["resident"], job.get("ram_budget_mb"))
     else:
-        runner = _LlamaChild(settings, lazy=system == "llama-lazy", mmap=not job["resident"])
+        runner = _LlamaChild(
+            settings,
+            lazy=system == "llama-lazy",
+            mmap=not job["resident"],
+            repack=system != "llama-mmap-norepack",
+        )
     load_s = time.perf_counter() - t0
     io_loaded = read_proc_io()
-    if job["resident"]:
+    if job.get("warmup", job["resident"]):
         runner.generate(min(WARMUP_TOKENS, settings.tokens))
     fig = runner.generate(settings.tokens)
     n_decode = fig["n_decode"]
@@ -738,6 +767,8 @@ class _SdqChild:
             "decode_tok_s": f["decode_tok_s"],
             "prefill_tok_s": f["prefill_tok_s"],
             "hit_rate": f.get("hit_rate"),
+            "reads_avoided": f.get("reads_avoided"),
+            "pager_ms_per_token": f.get("pager_ms_per_token"),
             "sdq_ssd_mb_per_token": f.get("ssd_mb_per_token"),
             "expert_io_ms_per_token": f.get("expert_io_ms_per_token"),
             "expert_compute_ms_per_token": f.get("expert_compute_ms_per_token"),
@@ -775,7 +806,7 @@ def _limits_figures(figures: dict, g, routes) -> dict:
 
 
 class _LlamaChild:
-    def __init__(self, s: PeerSettings, *, lazy: bool, mmap: bool):
+    def __init__(self, s: PeerSettings, *, lazy: bool, mmap: bool, repack: bool = True):
         import llama_cpp
 
         from sdq.measure.llama_ref import open_llama
@@ -784,13 +815,16 @@ class _LlamaChild:
         self.lib = llama_cpp
         lib = llama_cpp.llama_cpp
         default = lib.llama_model_default_params
-        if lazy:
-            if not hasattr(lib, "LLAMA_LAZY_MODE_ON"):
-                raise ParamsError("this llama-cpp-python has no lazy_mode (llama_lazy_mode)")
+        if lazy and not hasattr(lib, "LLAMA_LAZY_MODE_ON"):
+            raise ParamsError("this llama-cpp-python has no lazy_mode (llama_lazy_mode)")
+        if lazy or not repack:
 
             def params():
                 p = default()
-                p.lazy_mode = lib.LLAMA_LAZY_MODE_ON
+                if lazy:
+                    p.lazy_mode = lib.LLAMA_LAZY_MODE_ON
+                if not repack:  # no repacked copies in anonymous memory: every weight mapped
+                    p.use_extra_bufts = False
                 return p
 
             lib.llama_model_default_params = params

@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--systems",
         default="sdq,llama-mmap,llama-lazy",
-        help="capped systems to run (comma list of sdq, llama-mmap, llama-lazy)",
+        help="capped systems to run (comma list of sdq, llama-mmap, llama-lazy, "
+        "llama-mmap-norepack)",
     )
     p.add_argument("--no-resident", action="store_true", help="skip the resident comparison")
     p.add_argument(  # not the run flag --io-profile: sdq's own I/O settings stay as given
