@@ -105,6 +105,20 @@ def files(tmp_path_factory, tiny_model):
     }
 
 
+@pytest.fixture(autouse=True)
+def private_cache(files, tmp_path_factory, monkeypatch):
+    """The commands run against an empty sdq cache of their own (after the tiny model is built
+    in the shared one): a fuzzed `synth --preset tiny --remove` deletes nothing of the session's,
+    and no run writes an I/O profile where other tests look for one."""
+    from sdq.dirs import cache_subdir
+
+    shared = sorted(cache_subdir("models").glob("*.gguf"))
+    monkeypatch.setenv("SDQ_CACHE_DIR", str(tmp_path_factory.mktemp("fuzz-cache")))
+    yield
+    monkeypatch.undo()
+    assert [p for p in shared if not p.is_file()] == [], "a fuzzed command removed a cached model"
+
+
 # chat runs in this process, whose resident set grows over a long test session (~800 MB seen):
 # a budget with room for it and no reserve, but not so much that the arena the plan gives it
 # (every MB left becomes slots) passes the fuzzer's data-segment cap
