@@ -103,6 +103,23 @@ def test_resolver_prefers_the_executed_notebook_and_lands_folders_on_their_index
     assert resolve("params/smoke.yaml") is None
 
 
+def test_the_default_site_holds_a_notebook_s_own_set_where_its_page_links(tmp_path):
+    """06 runs only with seed-scale: the default site copies outputs/06_…/seed-scale/ to that
+    place, the one its page links to (it was copied under default/, a dead link)."""
+    from sdq.lab.paths import OWN_PARAMS
+
+    stem, own = next(iter(OWN_PARAMS.items()))
+    out = tmp_path / "outputs" / stem / own
+    (out / "tables").mkdir(parents=True)
+    (out / "tables" / "T4.md").write_text("x")
+    source = tmp_path / "src"
+    site.copy_evidence(site.Layout(tmp_path, "default"), stem, source)
+    resolve = site.site_resolver(source)
+    assert resolve(f"outputs/{stem}/{own}/") == f"outputs/{stem}/{own}/index.md"
+    assert resolve(f"outputs/{stem}/{own}/tables/T4.md") == f"outputs/{stem}/{own}/tables/T4.md"
+    assert not (source / "outputs" / stem / "default").exists()
+
+
 # --- a smoke-size repository ---------------------------------------------------------------
 
 

@@ -117,7 +117,8 @@ def copy_evidence(layout: Layout, stem: str, source: Path) -> None:
     with an index.md in it and in every folder below it listing what is there, so that a link
     to any of its folders lands on a page."""
     out = layout.out(stem)
-    dst = source / EVIDENCE / stem / layout.params
+    shown_as = shown_params(stem, layout.params)  # a notebook run only by its own set: that set
+    dst = source / EVIDENCE / stem / shown_as
     for path in sorted(out.rglob("*")):
         if not path.is_file() or path == layout.executed(stem):
             continue
@@ -126,7 +127,7 @@ def copy_evidence(layout: Layout, stem: str, source: Path) -> None:
         _copy(path, dst / path.relative_to(out))
     for folder in reversed([out, *sorted(p for p in out.rglob("*") if p.is_dir())]):  # leaves first
         rel = folder.relative_to(out).as_posix()
-        where = f"outputs/{stem}/{layout.params}/" + ("" if rel == "." else f"{rel}/")
+        where = f"outputs/{stem}/{shown_as}/" + ("" if rel == "." else f"{rel}/")
         note = ""
         if folder == out and layout.executed(stem).is_file():
             up = "../" * 3  # from outputs/<stem>/<params>/ back to the site's root
