@@ -65,16 +65,27 @@ def finished(journal: Path) -> list[tuple[str, int]]:
     return [(r["key"], int(r["repeat"])) for r in Journal(journal).read()]
 
 
+def whole_sweep_s(model: Path, journal: Path) -> float:
+    t0 = time.perf_counter()
+    proc = start("-c", SWEEP, str(model), str(journal))
+    assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
+    return time.perf_counter() - t0
+
+
 def test_a_sweep_killed_at_random_moments_resumes_without_loss_or_duplicates(tmp_path):
     model, _ = write_model(tmp_path / "m.gguf", Layout())
     journal = tmp_path / "kill.jsonl"
+    # how long a whole sweep takes on this machine, so that the random moments fall inside it:
+    # each is at most 0.4 of a whole sweep, and a killed sweep leaves more than 0.6 to resume
+    # (the faster of two, the first paying for cold caches)
+    whole_s = min(whole_sweep_s(model, tmp_path / f"timing{i}.jsonl") for i in range(2))
     rng = random.Random(20261201)
     kills = 0
-    for _ in range(6):
+    for _ in range(8):
         before = finished(journal)
         proc = start("-c", SWEEP, str(model), str(journal))
         try:
-            proc.wait(timeout=rng.uniform(0.3, 2.5))  # a random moment, or the end
+            proc.wait(timeout=rng.uniform(0.1, 0.4) * whole_s)  # a random moment, or the end
         except subprocess.TimeoutExpired:
             kill_group(proc)
             kills += 1
