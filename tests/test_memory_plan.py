@@ -9,12 +9,12 @@ from pager_support import make_model
 
 from sdq.cli import main
 from sdq.errors import PlanError
+from sdq.paging.arena import PADDING_BYTES as ARENA_PADDING_BYTES
 from sdq.paging.cache import POLICIES, CacheSettings, ExpertCache
 from sdq.paging.policies import BY_NAME
 from sdq.paging.reads import SlotLayout
 from sdq.run.plan import (
     IO_THREAD_STACK_BYTES,
-    PAGE,
     RUN_OBJECTS_BYTES,
     SLOT_META_BYTES,
     THREAD_EXTRA_BYTES,
@@ -39,7 +39,7 @@ def test_slots_fill_what_is_left(model):
     ws = workspace_bytes(model.spec, 256, 16)
     assert plan.kv_bytes == pages(ws["k_cache"]) + pages(ws["v_cache"])
     assert plan.kv_bytes + plan.compute_bytes == sum(pages(b) for b in ws.values())
-    assert plan.pager_bytes == 8 * IO_THREAD_STACK_BYTES + PAGE
+    assert plan.pager_bytes == 8 * IO_THREAD_STACK_BYTES + ARENA_PADDING_BYTES
     assert plan.dense_bytes == pages(model.dense_bytes) and plan.rss_bytes == 20 * MIB
     assert plan.transient_bytes == transient_bytes(model.spec, 16, 1) > RUN_OBJECTS_BYTES
     assert plan.thread_bytes == 0  # one compute thread: no prefill workers to start

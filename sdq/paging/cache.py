@@ -181,7 +181,7 @@ class ExpertCache:
         self.plan = plan
         self.policy = split.policy
         self._policy = BY_NAME[split.policy]
-        self.arena = Arena(plan.slots, plan.slot_bytes)
+        self.arena = Arena(plan.slots, plan.slot_bytes, prefault=True)
         try:
             self.reader = ExpertReader(model.path, self.table, self.layout, io)
         except BaseException:

@@ -61,6 +61,7 @@ import threading
 from dataclasses import asdict, dataclass, replace
 
 from sdq.errors import PlanError
+from sdq.paging.arena import PADDING_BYTES as ARENA_PADDING_BYTES
 from sdq.paging.cache import CacheSettings
 from sdq.paging.policies import BY_NAME, SlotSplit, min_slots, split_slots
 from sdq.paging.reads import SlotLayout, expert_table
@@ -276,7 +277,7 @@ class MemoryPlan:
     kv_bytes: int
     compute_bytes: int
     transient_bytes: int  # arrays ops make and drop, and a run's Python objects
-    pager_bytes: int  # I/O thread stacks, and the arena mapping's rounding to a page
+    pager_bytes: int  # I/O thread stacks, and the arena mapping's huge-page padding
     reserve_bytes: int
     slot_bytes: int
     slot_meta_bytes: int
@@ -462,7 +463,7 @@ def plan_memory(
         kv_bytes=int(kv),
         compute_bytes=int(compute),
         transient_bytes=transient_bytes(spec, n_ubatch, compute_threads),
-        pager_bytes=io_threads * IO_THREAD_STACK_BYTES + PAGE,
+        pager_bytes=io_threads * IO_THREAD_STACK_BYTES + ARENA_PADDING_BYTES,
         reserve_bytes=int(reserve_mb * MIB),
         slot_bytes=layout.slot_bytes,
         slot_meta_bytes=SLOT_META_BYTES,
