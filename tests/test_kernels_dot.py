@@ -67,6 +67,27 @@ def test_matvec_is_one_row_of_matmul(qtype):
     np.testing.assert_array_equal(out2, out)
 
 
+def test_f32_products_take_ggml_s_two_orders():
+    """F32 weights: 2+ tokens on rows a multiple of 4 sum in tinyBLAS's 16 lanes, one token
+    (or per_row, ggml's mul_mat_id) in ggml_vec_dot_f32's 64; both are the product."""
+    rng = np.random.default_rng(40)
+    rows, cols = 36, 320  # 320 = 5 x 64: whole vec_dot steps, whole tinyBLAS vectors
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    X = rng.standard_normal((5, cols)).astype(np.float32)
+    qx = quantize_activation(X, QT.F32)
+    tiny, per_row = np.empty((5, rows), np.float32), np.empty((5, rows), np.float32)
+    matmul_q(w, QT.F32, rows, cols, qx, tiny)
+    matmul_q(w, QT.F32, rows, cols, qx, per_row, per_row=True)
+    bound = _bound(w, QT.F32, rows, cols, X)
+    ref = matmul_ref(w, QT.F32, rows, cols, X)
+    assert (np.abs(tiny - ref) <= bound).all() and (np.abs(per_row - ref) <= bound).all()
+    assert (tiny != per_row).any()  # the two orders round differently somewhere
+    one = np.empty(rows, np.float32)
+    for t in range(5):
+        matvec(w, QT.F32, rows, cols, X[t], one)
+        np.testing.assert_array_equal(one, per_row[t])
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=lambda q: q.name)
 def test_thread_count_does_not_change_results(qtype):
     rng = np.random.default_rng(30)
@@ -131,9 +152,9 @@ def test_errors():
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda q: q.name)
 def test_simd_and_portable_kernels_agree(qtype):
     """The AVX2 block dots compute the same integer block sums as the plain-Numba kernels:
-    K-quants give identical floats; Q8_0/Q4_0's portable kernel keeps per-lane float
-    accumulators (ggml's SIMD layout), so only the summation order of the scaled terms differs.
-    """
+    K-quants and Q8_0 (ggml's eight lanes, one FMA per block) give identical floats; Q4_0's
+    portable kernel keeps 32 per-value float lanes, so only the order of the scaled terms
+    differs."""
     from sdq.kernels.simd import HAVE_AVX2
 
     if not HAVE_AVX2:
@@ -146,7 +167,7 @@ def test_simd_and_portable_kernels_agree(qtype):
     simd, plain = np.empty((3, rows), np.float32), np.empty((3, rows), np.float32)
     matmul_q(raw, qtype, rows, cols, qx, simd)
     matmul_q(raw, qtype, rows, cols, qx, plain, portable=True)
-    if qtype in (QT.Q8_0, QT.Q4_0):
+    if qtype == QT.Q4_0:
         assert (np.abs(simd - plain) <= _bound(raw, qtype, rows, cols, X)).all()
     else:
         np.testing.assert_array_equal(simd, plain)

@@ -1,8 +1,9 @@
-"""Ops (rms_norm, RoPE, attention, router, silu_mul): Numba kernels against NumPy references.
+"""Ops (rms_norm, RoPE, attention, router, silu_mul, sigmoid) and ggml's float primitives
+(fma32, expf_simd): Numba kernels against NumPy references.
 
-Tolerances: the kernels compute in float32 (attention and norms reassociate sums), the
-references in float32/float64 as written beside them; 1e-5 relative (1e-6 absolute for
-values of order 1) covers float32 rounding of sums over at most a few hundred terms.
+Tolerances: the kernels compute in float32 (in ggml's summation orders), the references in
+float32/float64 as written beside them; 1e-5 relative (1e-6 absolute for values of order 1)
+covers float32 rounding of sums over at most a few hundred terms.
 """
 
 from __future__ import annotations
@@ -11,8 +12,38 @@ import math
 
 import numpy as np
 import pytest
+from numba import njit
 
 from sdq.kernels import ops
+
+
+@njit
+def _fma(a, b, c):
+    return ops.fma32(a, b, c)
+
+
+@njit
+def _expf_simd(x, out):  # x, out [n]
+    for i in range(x.shape[0]):
+        out[i] = ops.expf_simd(x[i])
+
+
+def test_fma32_rounds_once():
+    a = np.float32(1 + 2**-12)  # a * a = 1 + 2^-11 + 2^-24: the last term is lost when rounded
+    assert _fma(a, a, np.float32(-1.0)) == np.float32(2**-11 + 2**-24)
+    assert a * a - np.float32(1.0) == np.float32(2**-11)
+
+
+def test_expf_simd_is_exp_within_a_few_ulps_and_saturates():
+    x = np.linspace(-87.0, 88.0, 20_001).astype(np.float32)
+    got = np.empty_like(x)
+    _expf_simd(x, got)
+    want = np.exp(x.astype(np.float64))
+    ulp = np.spacing(want.astype(np.float32)).astype(np.float64)
+    assert (np.abs(got - want) <= 2.5 * ulp).all()  # ggml: 1.45 ulp + rounding
+    ends = np.empty(2, np.float32)
+    _expf_simd(np.array([-200.0, 100.0], np.float32), ends)
+    assert ends[0] == 0.0 and ends[1] == np.inf
 
 
 def test_rms_norm_2d_3d_and_in_place():
@@ -125,3 +156,12 @@ def test_silu_mul():
     ops.silu_mul(g, u)
     np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-6)
     assert g[0, 2] == pytest.approx(100.0 * u[0, 2]) and math.isfinite(g[0, 0])
+
+
+def test_sigmoid():
+    x = (np.random.default_rng(6).standard_normal((4, 33)) * 8).astype(np.float32)
+    x[0, :2] = [-100.0, 100.0]
+    want = ops.sigmoid_ref(x)
+    ops.sigmoid(x)
+    np.testing.assert_allclose(x, want, rtol=1e-6, atol=1e-7)
+    assert x[0, 0] >= 0 and x[0, 1] == 1.0

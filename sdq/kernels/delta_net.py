@@ -17,7 +17,11 @@ Kc-1 inputs are the conv state) and SiLU; after it, a gated RMS norm: rms_norm(o
 
 Kernels (float32, caller-owned outputs; each `*_ref` is the float64 statement it is tested
 against): causal_conv_silu, l2_norm_heads, gated_delta_rule, decay_and_beta. The gated norm is
-sdq.kernels.ops.rms_norm then ops.silu_mul.
+sdq.kernels.ops.rms_norm then ops.silu_mul. The kernels round as ggml's CPU ops do (see
+sdq.kernels.ops for the primitives): the conv is one FMA per tap, then ggml's silu; the L2 norm
+is ggml's rms_norm with eps / S, then times 1 / sqrt(S); the recurrence scales the state by
+expf(g), takes its dot products in ggml_vec_dot_f32's order and adds d k^T with one FMA per
+entry.
 """
 
 from __future__ import annotations
@@ -27,19 +31,21 @@ import math
 import numpy as np
 from numba import prange
 
-from sdq.kernels.jit import FLOAT_MATH, kernel
+from sdq.kernels.jit import kernel
+from sdq.kernels.ops import SIMD_F32, dot_f32, fma32, silu_at
 
 
-@kernel(fastmath=FLOAT_MATH)
+@kernel  # no fastmath: rounds as ggml's ssm_conv and silu
 def _causal_conv_silu(window, w, out):  # window [Kc-1+T, C], w [C, Kc], out [T, C]
     T, C = out.shape
     Kc = w.shape[1]
+    simd = C - C % SIMD_F32  # ggml's vector silu covers the whole groups of 16 of a row
     for t in range(T):
         for c in range(C):
             acc = np.float32(0.0)
-            for j in range(Kc):
-                acc += window[t + j, c] * w[c, j]
-            out[t, c] = acc / (np.float32(1.0) + np.float32(math.exp(-acc)))
+            for j in range(Kc):  # one FMA per tap, as GCC compiles ggml's ssm_conv
+                acc = fma32(window[t + j, c], w[c, j], acc)
+            out[t, c] = silu_at(acc, c < simd)
 
 
 def causal_conv_silu(window: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
@@ -48,50 +54,51 @@ def causal_conv_silu(window: np.ndarray, w: np.ndarray, out: np.ndarray) -> None
     _causal_conv_silu(window, w, out)
 
 
-@kernel(fastmath=FLOAT_MATH)
+@kernel  # no fastmath: rounds as ggml's rms_norm and scale
 def _l2_norm_heads(x, eps):  # x [T, H, S] in place
     T, H, S = x.shape
+    # ggml: rms_norm(x, eps / S) * (1 / sqrt(S)) = x / sqrt(sum(x^2) + eps)
+    eps_n = np.float32(eps / np.float32(S))
+    inv_sqrt_n = np.float32(1.0) / np.float32(math.sqrt(np.float32(S)))
     for t in range(T):
         for h in range(H):
-            ss = 0.0  # float64 accumulator
+            ss = 0.0  # float64 accumulator, as ggml's rms_norm
             for i in range(S):
                 v = x[t, h, i]
                 ss += np.float64(v * v)
-            scale = np.float32(1.0 / math.sqrt(ss + eps))
+            mean = np.float32(ss / S)
+            scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps_n))
             for i in range(S):
-                x[t, h, i] *= scale
+                x[t, h, i] = (x[t, h, i] * scale) * inv_sqrt_n
 
 
 def l2_norm_heads(x: np.ndarray, eps: float) -> None:
     """x [T, H, S] /= sqrt(sum over S of x^2 + eps), in place (any strides)."""
-    _l2_norm_heads(x, np.float64(eps))
+    _l2_norm_heads(x, np.float32(eps))
 
 
-@kernel(parallel=True, fastmath=FLOAT_MATH)
+@kernel(parallel=True)  # no fastmath: rounds as ggml's gated_delta_net
 def _gated_delta_rule(q, k, v, g, beta, state, out):
     T, Hk, S = q.shape
     Hv = v.shape[1]
-    scale = np.float32(1.0 / math.sqrt(S))
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(S)))
     for h in prange(Hv):
         s = state[h]  # [S, S]: row j = value dim j, column i = key dim i
         hk = h % Hk
-        d = np.empty(S, np.float32)
+        d = np.empty(S, np.float32)  # [S]
+        acc = np.empty(64, np.float32)  # dot_f32's lanes
         for t in range(T):
             decay = np.float32(math.exp(g[t, h]))
-            b = beta[t, h]
             for j in range(S):
-                acc = np.float32(0.0)
                 for i in range(S):
                     s[j, i] *= decay
-                    acc += s[j, i] * k[t, hk, i]
-                d[j] = (v[t, h, j] - acc) * b
             for j in range(S):
-                dj = d[j]
-                acc = np.float32(0.0)
+                d[j] = (v[t, h, j] - dot_f32(s[j], k[t, hk], acc)) * beta[t, h]
+            for j in range(S):
                 for i in range(S):
-                    s[j, i] += dj * k[t, hk, i]
-                    acc += s[j, i] * q[t, hk, i]
-                out[t, h, j] = acc * scale
+                    s[j, i] = fma32(k[t, hk, i], d[j], s[j, i])
+            for j in range(S):
+                out[t, h, j] = dot_f32(s[j], q[t, hk], acc) * scale
 
 
 def gated_delta_rule(
@@ -109,7 +116,7 @@ def gated_delta_rule(
     _gated_delta_rule(q, k, v, g, beta, state, out)
 
 
-@kernel(fastmath=FLOAT_MATH)
+@kernel  # no fastmath: rounds as ggml's softplus and sigmoid
 def _decay_and_beta(alpha, dt_bias, a, beta):  # alpha, beta [T, Hv] in place; dt_bias, a [Hv]
     T, Hv = alpha.shape
     for t in range(T):

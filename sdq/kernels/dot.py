@@ -13,10 +13,15 @@ K-quants keep, per (row, token), eight float lanes across the row's blocks; each
 adds an exact integer partial sum of the block scaled by ``d_w * d_x`` (simd_mm.py
 describes the lanes), and the lanes are summed once at the end of the row.
 
-Two implementations, chosen per CPU, computing identical K-quant results:
+Q8_0 rounds exactly as ggml's x86 code (vec_dot_q8_0_q8_0, and llamafile's tinyBLAS, which
+ggml's mul_mat takes for 2+ tokens): eight float lanes, lane k adding the integer sum of the
+block's values 4k..4k+3 times ``d_w * d_x`` with one FMA, the lanes summed as (0+4)+(2+6) +
+(1+5)+(3+7). F32 follows ggml's two orders (tinyBLAS, or ggml_vec_dot_f32: ops.py).
+
+Two implementations, chosen per CPU, computing identical K-quant and Q8_0 results:
 - SIMD (x86 AVX2): ggml's method, unsigned x signed byte multiply-adds on weights unpacked
   in registers, plus software prefetch. K-quants: simd_mm.py's row tiles (up to 8 tokens
-  share each unpacked block); Q8_0/Q4_0: simd.py's block dots.
+  share each unpacked block); Q8_0/Q4_0: block dots on simd.py's helpers.
 - portable: each block unpacked into int16 values already multiplied by their sub-block
   scale, then plain int16 x int8 -> int32 loops that LLVM vectorizes. The fallback, and the
   cross-check of the SIMD path in the tests.
@@ -30,11 +35,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from sdq.format.quants import qtype_of
 from sdq.kernels.act_quant import ACT_TYPE, QActivation, quantize_activation
 from sdq.kernels.jit import FLOAT_MATH, inline, kernel
+from sdq.kernels.ops import SIMD_F32, dot_f32, fma32, reduce16
 from sdq.kernels.quant import (
     Q4_0_BYTES,
     Q4_K_BYTES,
@@ -51,8 +60,8 @@ from sdq.kernels.quant import (
 )
 from sdq.kernels.simd import (
     HAVE_AVX2,
+    _Emit,
     dot_q4_0,
-    dot_q8_0,
     load_bf16,
     load_f16,
     prefetch,
@@ -263,7 +272,8 @@ def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch):
 
 # ---------------------------------------------------------------------------------------
 # 32-value blocks x Q8_0. qs int8 [T, cols], d f32 [T, cols/32]
-# (Q4_0 weights are multiplied with Q8_0 activations: their blocks are the same QK8_0 values.)
+# (Q4_0 weights are multiplied with Q8_0 activations: their blocks are the same QK8_0 values;
+# Q4_0 keeps 32 per-value float lanes, Q8_0 ggml's eight.)
 
 
 @inline
@@ -285,12 +295,32 @@ def _lanes_sum(acc, t):
     return tot
 
 
+@inline
+def _q8_0_lanes(acc, t, s, w, qs, x0):
+    """ggml's x86 Q8_0 block step (vec_dot_q8_0_q8_0, llamafile's tinyBLAS): eight float
+    lanes, lane k adding the block's integer products of values 4k..4k+3 times s with one
+    rounding, acc[t, k] = fma(s, sum_i w[i] * qs[t, x0 + i], acc[t, k])."""
+    for k in range(8):
+        p = np.int32(0)
+        for i in range(4 * k, 4 * k + 4):
+            p += np.int32(np.int16(w[i]) * np.int16(qs[t, x0 + i]))
+        acc[t, k] = fma32(s, np.float32(p), acc[t, k])
+
+
+@inline
+def _hsum8(acc, t):
+    """ggml's x86 sum of eight float lanes: the two halves, then pairs within the half."""
+    a0, a1 = acc[t, 0] + acc[t, 4], acc[t, 1] + acc[t, 5]
+    a2, a3 = acc[t, 2] + acc[t, 6], acc[t, 3] + acc[t, 7]
+    return (a0 + a2) + (a1 + a3)
+
+
 @kernel(parallel=True)
 def _mm_q8_0(raw, raw8, rows, cols, qs, d, out, nch):
     T = qs.shape[0]
     nb = cols // QK8_0
     for c in prange(nch):
-        acc = np.empty((T, QK8_0), np.float32)
+        acc = np.empty((T, 8), np.float32)  # [T, 8] float lanes
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
@@ -298,9 +328,9 @@ def _mm_q8_0(raw, raw8, rows, cols, qs, d, out, nch):
                 dw = f16_at(raw, o)
                 w = raw8[U(o + 2) : U(o + Q8_0_BYTES)]
                 for t in range(T):
-                    _lanes_madd(acc, t, dw * d[t, b], w, qs, b * QK8_0)
+                    _q8_0_lanes(acc, t, dw * d[t, b], w, qs, b * QK8_0)
             for t in range(T):
-                out[t, r] = _lanes_sum(acc, t)
+                out[t, r] = _hsum8(acc, t)
 
 
 @kernel(parallel=True)
@@ -392,23 +422,54 @@ def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
                 q6_k_rows(raw, r * nb * Q6_K_BYTES, nb, qs, d, bs, t, min(TILE, T - t), out, r)
 
 
+_F32, _i32 = ir.FloatType(), ir.IntType(32)
+_V8xf = ir.VectorType(_F32, 8)
+
+
+@intrinsic
+def _dot_q8_0_row(typingctx, raw, o, nb, x, xo, d):
+    """One row of _mm_q8_0 with AVX2 (simd.py's signed byte products): the nb Q8_0 blocks
+    from raw[o] times x[xo:xo + 32 nb] (int8) with activation scales d [nb], in ggml's eight
+    lanes (one FMA per block), summed as _hsum8."""
+    sig = types.float32(raw, o, nb, x, xo, d)
+
+    def codegen(context, builder, sig, args):
+        e = _Emit(context, builder, sig, args)
+        _, o_, nb_, _, xo_, _ = args
+        i64 = ir.IntType(64)
+        o_, nb_, xo_ = (v if v.type == i64 else builder.sext(v, i64) for v in (o_, nb_, xo_))
+        fma = e.fn("llvm.fma.v8f32", _V8xf, [_V8xf, _V8xf, _V8xf])
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_V8xf, None))  # registers
+        with cgutils.for_range(builder, nb_) as loop:
+            b = loop.index
+            ob = builder.add(o_, builder.mul(b, ir.Constant(i64, Q8_0_BYTES)))
+            hp = cgutils.pointer_add(builder, e.arrays[0].data, ob, ir.IntType(16).as_pointer())
+            dw = builder.fpext(builder.bitcast(builder.load(hp, align=1), ir.HalfType()), _F32)
+            dx = builder.load(builder.gep(e.arrays[5].data, [b]))
+            s = builder.fmul(dw, dx)  # d_w * d_x, as ggml
+            xb = builder.add(xo_, builder.mul(b, ir.Constant(i64, QK8_0)))
+            lanes = e.signed_dot(e.load(0, e.off(ob, 2)), e.load(3, xb))  # <8 x i32>
+            s8 = e.lanes(builder.insert_element(ir.Constant(_V8xf, None), s, _i32(0)), [0] * 8)
+            f = builder.sitofp(lanes, _V8xf)
+            builder.store(builder.call(fma, [s8, f, builder.load(acc)]), acc)
+        v = builder.load(acc)
+        lane = [builder.extract_element(v, _i32(k)) for k in range(8)]
+        a = [builder.fadd(lane[k], lane[k + 4]) for k in range(4)]  # (0+4), (1+5), ...
+        return builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))
+
+    return sig, codegen
+
+
 @kernel(parallel=True)
 def _mm_q8_0_simd(raw, rows, cols, qs, d, out, nch):
     T = qs.shape[0]
     nb = cols // QK8_0
     for c in prange(nch):
-        acc = np.empty(T, np.float32)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            acc[:] = 0
-            for b in range(nb):
-                o = (r * nb + b) * Q8_0_BYTES
-                _prefetch(raw, o, Q8_0_BYTES)
-                dw = load_f16(raw, o)
-                for t in range(T):
-                    isum = dot_q8_0(raw, o, qs, t * cols + b * QK8_0)
-                    acc[t] += (dw * d[t, b]) * np.float32(isum)
+            o = r * nb * Q8_0_BYTES
+            _prefetch(raw, o, nb * Q8_0_BYTES)
             for t in range(T):
-                out[t, r] = acc[t]
+                out[t, r] = _dot_q8_0_row(raw, o, nb, qs, t * cols, d[t])
 
 
 @kernel(parallel=True)
@@ -434,16 +495,31 @@ def _mm_q4_0_simd(raw, rows, cols, qs, d, out, nch):
 # Float weights x float activations (already rounded to the weight's format).
 
 
-@kernel(parallel=True, fastmath=FLOAT_MATH)
-def _mm_f32(wf, rows, cols, xf, out, nch):
+@inline
+def _tinyblas_dot(w, x, acc):
+    """w . x for w, x [n] (n a multiple of 16) as llamafile's tinyBLAS on AVX512: 16 lanes
+    with FMA, summed as ops.reduce16."""
+    acc[:SIMD_F32] = 0
+    for o in range(0, w.shape[0], SIMD_F32):
+        for i in range(SIMD_F32):
+            acc[i] = fma32(w[o + i], x[o + i], acc[i])
+    return reduce16(acc, 0)
+
+
+@kernel(parallel=True)
+def _mm_f32(wf, rows, cols, xf, out, nch, tiny):
+    # ggml's F32 product: tinyBLAS lanes (tiny: ggml's mul_mat of 2+ tokens when tinyBLAS
+    # takes the shape), else one ggml_vec_dot_f32 per row and token (ops.dot_f32)
     T = xf.shape[0]
     for c in prange(nch):
+        acc = np.empty(64, np.float32)  # [64] float lanes
         for r in range(c * rows // nch, (c + 1) * rows // nch):
+            w = wf[U(r * cols) : U((r + 1) * cols)]  # [cols]
             for t in range(T):
-                s = np.float32(0.0)
-                for i in range(cols):
-                    s += wf[U(r * cols + i)] * xf[t, i]
-                out[t, r] = s
+                if tiny:
+                    out[t, r] = _tinyblas_dot(w, xf[t], acc)
+                else:
+                    out[t, r] = dot_f32(w, xf[t], acc)
 
 
 @kernel(parallel=True, fastmath=FLOAT_MATH)
@@ -489,12 +565,21 @@ def _check_out(out, *shape):
 
 
 def matmul_q(
-    raw, qtype, rows: int, cols: int, qx: QActivation, out: np.ndarray, portable: bool = False
+    raw,
+    qtype,
+    rows: int,
+    cols: int,
+    qx: QActivation,
+    out: np.ndarray,
+    portable: bool = False,
+    per_row: bool = False,
 ) -> None:
     """out[T, rows] = X @ W.T for activations already converted by quantize_activation.
 
     ``portable=True`` forces the plain-Numba kernels even where the SIMD ones can run (the
-    two give identical results; tests compare them)."""
+    two give identical results; tests compare them). ``per_row=True``: F32 weights are
+    multiplied one dot product per row and token as ggml's mul_mat_id does for experts
+    (ggml's mul_mat of 2+ tokens takes tinyBLAS instead, which sums in another order)."""
     qt = qtype_of(qtype, compute=True)
     if qx.cols != cols:
         raise ValueError(f"activation length {qx.cols} != weight columns {cols}")
@@ -510,14 +595,15 @@ def matmul_q(
     if threads > 1 and rows * cols * qx.T < PARALLEL_MIN_WORK:
         numba.set_num_threads(1)
         try:
-            _call(kern, args, flat, rows, cols, qx, out2, 1)
+            _call(kern, args, flat, rows, cols, qx, out2, 1, per_row)
         finally:
             numba.set_num_threads(threads)
     else:
-        _call(kern, args, flat, rows, cols, qx, out2, min(rows, threads * CHUNKS_PER_THREAD))
+        nch = min(rows, threads * CHUNKS_PER_THREAD)
+        _call(kern, args, flat, rows, cols, qx, out2, nch, per_row)
 
 
-def _call(kern, args, flat, rows, cols, qx, out2, nch):
+def _call(kern, args, flat, rows, cols, qx, out2, nch, per_row=False):
     if args == "k":  # K-quants: Q8_K activations with block sums
         kern(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
     elif args == "k6":  # SIMD Q6_K: Q8_K activations with their pair sums times 32
@@ -525,7 +611,8 @@ def _call(kern, args, flat, rows, cols, qx, out2, nch):
     elif args == "0":  # 32-value blocks: Q8_0 activations
         kern(flat, rows, cols, qx.qs, qx.d, out2, nch)
     elif args == "f32":
-        kern(flat.view(np.float32), rows, cols, qx.xf, out2, nch)
+        tiny = qx.T >= 2 and rows % 4 == 0 and cols % SIMD_F32 == 0 and not per_row
+        kern(flat.view(np.float32), rows, cols, qx.xf, out2, nch, tiny)
     elif args == "f16":
         kern(flat, rows, cols, qx.xf, out2, nch)
     else:  # bf16

@@ -20,8 +20,6 @@ K-quant weights (Q4_K, Q5_K, Q6_K) on x86 AVX2 only (``supported``); other types
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
@@ -29,6 +27,7 @@ from sdq.errors import SdqError
 from sdq.format.quants import qtype_of
 from sdq.kernels.act_quant import QActivation, _quantize_q8_k
 from sdq.kernels.jit import inline, kernel
+from sdq.kernels.ops import SIMD_F32, silu_at
 from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K
 from sdq.kernels.simd import HAVE_AVX2
 from sdq.kernels.simd_mm import TILE, q4_k_rows, q5_k_rows, q6_k_rows
@@ -160,10 +159,10 @@ def _expert_ffn(
         _pairs(qs, qpx, n)
     _product(kinds[0], gate, F, D, n, qs, qd, qbs, qpx, g)
     _product(kinds[1], up, F, D, n, qs, qd, qbs, qpx, u)
+    simd = F - F % SIMD_F32
     for j in range(n):  # silu(gate) * up, as ops.silu_mul
         for i in range(F):
-            v = g[j, i]
-            g[j, i] = v / (np.float32(1.0) + np.float32(math.exp(-v))) * u[j, i]
+            g[j, i] = silu_at(g[j, i], i < simd) * u[j, i]
     _quantize_q8_k(g[:n], hqs[:n], hd[:n], hbs[:n])
     if kinds[2] == 6:
         _pairs(hqs, hpx, n)

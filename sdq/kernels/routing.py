@@ -15,8 +15,8 @@ Per token, as ggml's graph for these routers computes it:
     w *= scale                               # expert_weights_scale (1: unchanged)
 
 sigmoid(x) = 1 / (1 + exp(-x)) in float32, as ggml; softmax as sdq.kernels.ops.softmax_topk
-(exponentials in float32, their sum in float64, one float32 reciprocal). Plain softmax top-K
-without bias or groups stays with ops.softmax_topk.
+(ops.softmax_row: ggml's exponentials, their sum in float64, one float32 reciprocal). Plain
+softmax top-K without bias or groups stays with ops.softmax_topk.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from sdq.kernels.jit import kernel
+from sdq.kernels.ops import softmax_row
 
 GATING_SOFTMAX = "softmax"
 GATING_SIGMOID = "sigmoid"
@@ -52,12 +53,7 @@ def _route_topk(logits, sigmoid, bias, K, n_group, n_group_used, renorm, scale, 
             m = np.float32(-np.inf)
             for e in range(E):
                 m = max(m, logits[t, e])
-            total = 0.0
-            for e in range(E):
-                v = np.float32(math.exp(logits[t, e] - m))
-                p[e] = v
-                total += v
-            inv = np.float32(1.0 / total)
+            inv = softmax_row(logits[t], m, p)
             for e in range(E):
                 p[e] *= inv
         for e in range(E):

@@ -657,11 +657,10 @@ class Engine:
         attn = ws.attn[:T]  # [T, H*Dh]
         attn3 = attn.reshape(T, H, Dh)
         ops.attention(q3, ws.k_cache[row], ws.v_cache[row], p0, Hkv, ws.scores, attn3)
-        gate = qg4[:, :, 1]  # [T, H, Dh] view
-        np.negative(gate, out=gate)
-        np.exp(gate, out=gate)
-        gate += np.float32(1.0)
-        attn3 /= gate  # attn * sigmoid(gate)
+        gate = ws.q_heads[:T].reshape(T, H, Dh)  # q3 is spent: its buffer takes the gate
+        gate[:] = qg4[:, :, 1]
+        ops.sigmoid(gate)
+        attn3 *= gate  # attn * sigmoid(gate)
         m.wo.mul(Activations(attn), xn)  # xn reused as the projection's output [T, D]
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)
@@ -695,7 +694,7 @@ class Engine:
         lin3 = lin.reshape(T, Hv, S)
         delta_net.gated_delta_rule(q, k, v, alpha, beta, ws.ssm_cache[row], lin3)
         ops.rms_norm(lin3, m.norm, eps, lin3)
-        ops.silu_mul(z, lin)  # z = silu(z) * rms_norm(o)
+        ops.silu_mul(z.reshape(T, Hv, S), lin3)  # z = silu(z) * rms_norm(o), per head
         m.wout.mul(Activations(z), xn)  # xn reused as the projection's output [T, D]
         x += xn
         self.timers.add("attention", time.perf_counter() - t0)
@@ -712,11 +711,10 @@ class Engine:
         if sh.gate_inp is None:
             out += d
             return
-        np.dot(ws.xn[:T], sh.gate_inp[0], out=w[:, 0])
-        np.negative(w, out=w)
-        np.exp(w, out=w)
-        w += np.float32(1.0)
-        d /= w
+        f32 = GGMLQuantizationType.F32
+        matmul_q(sh.gate_inp, f32, 1, sh.gate_inp.shape[1], acts.of(f32), w)  # as ggml's mul_mat
+        ops.sigmoid(w, silu_ratio=self.spec.arch == "qwen2moe")  # as each graph computes it
+        d *= w
         out += d
 
     def _route(self, lw, logits: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
@@ -971,10 +969,10 @@ class Engine:
             np.take(ws.xn[:T], rows, axis=0, out=xin)
             acts = Activations(xin)
         g, u, d = ffn_gate[:n], ffn_up[:n], ffn_down[:n]  # [n, F] [n, F] [n, D]
-        matmul_q(gate_raw, gq, F, D, acts.of(gq), g)
-        matmul_q(up_raw, uq, F, D, acts.of(uq), u)
+        matmul_q(gate_raw, gq, F, D, acts.of(gq), g, per_row=True)  # as ggml's mul_mat_id
+        matmul_q(up_raw, uq, F, D, acts.of(uq), u, per_row=True)
         ops.silu_mul(g, u)
-        matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d)
+        matmul_q(down_raw, dq, D, F, quantize_activation(g, dq), d, per_row=True)
         d *= w
         ws.ffn_parts[rows, slots] = d  # a token picks an expert at most once
 

@@ -146,9 +146,9 @@ def yarn_tables(positions: np.ndarray, rope: YarnRope, freq_base: float):
         ramp = (f32(1) - np.minimum(f32(1), np.maximum(f32(0), y))) * f32(rope.ext_factor)
         theta = interp * (f32(1) - ramp) + extrap * ramp
         mscale = mscale * (f32(1) + f32(0.1) * np.log(f32(1) / f32(rope.freq_scale)))
-    cos = (np.cos(theta) * mscale).astype(np.float32)
-    sin = (np.sin(theta) * mscale).astype(np.float32)
-    return cos, sin
+    cos, sin = np.empty_like(theta), np.empty_like(theta)
+    ops.cos_sin(theta, cos, sin)  # libm's cosf / sinf, as ggml
+    return cos * mscale, sin * mscale
 
 
 # --- kernels -------------------------------------------------------------------------------
