@@ -7,6 +7,7 @@ import pytest
 from pager_support import make_model
 
 from sdq.errors import PlanError
+from sdq.paging.arena import PADDING_BYTES as ARENA_PADDING_BYTES
 from sdq.paging.cache import CacheSettings
 from sdq.run.plan import (
     IO_THREAD_STACK_BYTES,
@@ -91,7 +92,7 @@ def test_prefill_workers():
 @pytest.mark.parametrize("io_threads", [0, 1, 8, 24])
 def test_io_threads_are_counted_as_stacks(model, io_threads):
     plan = plan_memory(model, 64, io_threads=io_threads, **KW)
-    assert plan.pager_bytes == io_threads * 256 * 1024 + PAGE
+    assert plan.pager_bytes == io_threads * 256 * 1024 + ARENA_PADDING_BYTES
     assert IO_THREAD_STACK_BYTES == 256 * 1024
     assert plan.io_threads == io_threads
     base = plan_memory(model, 64, io_threads=0, **KW)

@@ -139,7 +139,7 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
         IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode, device=emu)
     most = max(st.misses)
     layout = SlotLayout.for_table(table, st.cache_mode)
-    arena = Arena(most, layout.slot_bytes)
+    arena = Arena(most, layout.slot_bytes, prefault=True)  # no first-touch faults in a timed read
     first = IOSettings(threads=configs[0][3], cache_mode=st.cache_mode, device=emu)
     reader = ExpertReader(model.path, table, layout, first)
     check_fd = os.open(model.path, os.O_RDONLY)

@@ -219,9 +219,10 @@ def rope_tables(spec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mix = (f32(1.0) - np.clip(y, 0, 1)).astype(np.float32) * f32(sc.ext_factor)  # [P/2]
         theta = theta * (f32(1.0) - mix) + extrap * mix
         mscale = f32(mscale * (f32(1.0) + f32(0.1) * f32(math.log(f32(1.0) / f32(sc.freq_scale)))))
-    cos = (np.cos(theta).astype(np.float32) * mscale).astype(np.float32)
-    sin = (np.sin(theta).astype(np.float32) * mscale).astype(np.float32)
-    return cos, sin
+    theta = np.ascontiguousarray(theta, np.float32)
+    cos, sin = np.empty_like(theta), np.empty_like(theta)
+    ops.cos_sin(theta, cos, sin)  # libm's cosf / sinf, as ggml
+    return (cos * mscale).astype(np.float32), (sin * mscale).astype(np.float32)
 
 
 # --- the block -------------------------------------------------------------------------------
