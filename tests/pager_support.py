@@ -7,6 +7,8 @@ the last expert ends exactly at the end of an odd-sized file.
 
 from __future__ import annotations
 
+import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +18,16 @@ import numpy as np
 from sdq.errors import GGUFError
 
 ROWS = (4, 4, 6)  # rows of one expert's gate, up, down matrix
+PAGE = 4096
+
+
+def resident_pages(address: int, nbytes: int) -> np.ndarray:
+    """mincore(2) of this process's memory: 1 per resident page of [address, address + nbytes)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    vec = (ctypes.c_ubyte * (-(-nbytes // PAGE)))()
+    rc = libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vec)
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return np.frombuffer(vec, np.uint8) & 1  # [pages]
 
 
 @dataclass

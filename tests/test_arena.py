@@ -1,23 +1,11 @@
 """The expert arena: slots start on a huge-page boundary; the pager's arena is faulted in when it
 is made (not inside an expert read during generation), and the plan counts its padding."""
 
-import ctypes
-import os
+from pager_support import resident_pages
 
-import numpy as np
-
-from sdq.paging.arena import HUGE_PAGE, PADDING_BYTES, PAGE, Arena
+from sdq.paging.arena import HUGE_PAGE, PADDING_BYTES, Arena
 
 SLOT = 1_912_832  # one seed-shaped expert in its slot: not a multiple of the huge page
-
-
-def resident_pages(address: int, nbytes: int) -> np.ndarray:
-    """mincore(2): 1 per resident page of [address, address + nbytes)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    vec = (ctypes.c_ubyte * (-(-nbytes // PAGE)))()
-    rc = libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vec)
-    assert rc == 0, os.strerror(ctypes.get_errno())
-    return np.frombuffer(vec, np.uint8) & 1  # [pages]
 
 
 def test_slots_start_on_a_huge_page_boundary_and_do_not_overlap():

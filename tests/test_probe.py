@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pager_support import resident_pages
 
 from sdq.errors import ParamsError, ReadError
 from sdq.measure import probe
@@ -390,17 +391,6 @@ def test_parse_bytes():
             parse_bytes(bad)
 
 
-def _resident_pages(address: int, nbytes: int) -> np.ndarray:
-    """mincore(2) of this process's memory: 1 per resident page of [address, address + nbytes)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    vec = (ctypes.c_ubyte * (-(-nbytes // PAGE)))()
-    rc = libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), vec)
-    assert rc == 0, os.strerror(ctypes.get_errno())
-    return np.frombuffer(vec, np.uint8) & 1
-
-
 def test_pool_reader_reads_into_one_reused_prefaulted_arena_slot_per_thread(disk_dir):
     data = disk_dir / "data.bin"
     raw = np.random.default_rng(0).integers(0, 256, 4 << 20, np.uint8)  # [4 MiB]
@@ -415,7 +405,7 @@ def test_pool_reader_reads_into_one_reused_prefaulted_arena_slot_per_thread(disk
             assert arena.slot_bytes == 65536 and arena.base % PAGE == 0
             mapped = reader.arena.buf
             # faulted in when the reader is made: every page resident before any read
-            assert _resident_pages(arena.base, arena.nbytes).all()
+            assert resident_pages(arena.base, arena.nbytes).all()
             reader.threads = 2
             offsets = np.arange(0, 40 * 65536, 65536, dtype=np.int64)  # [40]
             lengths = np.full(40, 65536, np.int64)
