@@ -62,7 +62,6 @@ class QActivation:
     d: np.ndarray | None = None
     bsums: np.ndarray | None = None
     xf: np.ndarray | None = None
-    pairs32: np.ndarray | None = None  # int16 [T, cols/2], made on first use (dot.x_pairs32)
 
 
 # ---------------------------------------------------------------------------------------

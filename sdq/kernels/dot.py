@@ -66,7 +66,14 @@ from sdq.kernels.simd import (
     load_f16,
     prefetch,
 )
-from sdq.kernels.simd_mm import TILE, q4_k_rows, q5_k_rows, q6_k_rows
+from sdq.kernels.simd_mm import (
+    REPACKED,
+    TILED,
+    product_order,
+    q4_k_row,
+    q5_k_row,
+    q6_k_row,
+)
 
 CHUNKS_PER_THREAD = 2  # row chunks per thread: a little slack when a core is busy elsewhere
 # Below this many weights x tokens a product runs on the calling thread alone: waking the
@@ -126,7 +133,8 @@ def _unpack_q5_k(raw, o, w, mins):
 
 @inline
 def _unpack_q6_k(raw, o, w, s):
-    """Q6_K block at raw[o:o+210] -> w[256] = (q - 32) * sc; returns d. s: int16[16] scratch."""
+    """Q6_K block at raw[o:o+210] -> w[256] = (q + 32 as stored, unsigned) * sc; returns d.
+    s: int16[16] scratch, left holding the block's scales."""
     for g in range(16):
         v = np.int16(raw[U(o + 192 + g)])
         s[g] = v - 256 if v > 127 else v
@@ -146,36 +154,20 @@ def _unpack_q6_k(raw, o, w, s):
                 q1 = np.uint8(lo1 & np.uint8(15)) | np.uint8(np.uint8(hi & np.uint8(12)) << 2)
                 q2 = np.uint8(lo0 >> np.uint8(4)) | np.uint8(hi & np.uint8(48))
                 q3 = np.uint8(lo1 >> np.uint8(4)) | np.uint8(np.uint8(hi >> np.uint8(2)) & 48)
-                w[n] = np.int16(np.int16(np.uint8(q0)) - np.int16(32)) * s0
-                w[n + 32] = np.int16(np.int16(np.uint8(q1)) - np.int16(32)) * s1
-                w[n + 64] = np.int16(np.int16(np.uint8(q2)) - np.int16(32)) * s2
-                w[n + 96] = np.int16(np.int16(np.uint8(q3)) - np.int16(32)) * s3
+                w[n] = np.int16(np.uint8(q0)) * s0
+                w[n + 32] = np.int16(np.uint8(q1)) * s1
+                w[n + 64] = np.int16(np.uint8(q2)) * s2
+                w[n + 96] = np.int16(np.uint8(q3)) * s3
     return f16_at(raw, o + 208)
-
-
-@inline
-def _dot_w_q8(w, qs, t, x0, n):
-    """sum_i w[i] * qs[t, x0 + i] over n values, in int32 (vectorized multiply-add)."""
-    isum = np.int32(0)
-    for i in range(n):
-        isum = np.int32(isum + np.int32(w[i]) * np.int32(qs[t, x0 + i]))
-    return isum
-
-
-@inline
-def _min_sum(mins, bs, t, b):
-    """sum_j mins[j] * (sum of the 32 activation quants of sub-block j) for block b."""
-    msum = np.int32(0)
-    for j in range(8):
-        msum = np.int32(msum + mins[j] * (bs[t, b * 16 + 2 * j] + bs[t, b * 16 + 2 * j + 1]))
-    return msum
 
 
 # ---------------------------------------------------------------------------------------
 # K-quants x Q8_K. qs int8 [T, cols], d f32 [T, nb], bs int16 [T, cols/16], out f32 [T, rows]
 #
-# Per (row, token) eight float accumulators ("lanes"), each fed by an exact integer sum per
-# block: the same numbers, in the same float operations, as the SIMD tiles (simd_mm.py).
+# ggml's x86 float orders (kquant_ref.py states them; the SIMD tiles in simd_mm.py compute the
+# same numbers): per (row, token) either eight float lanes fed by the block's integer lanes
+# (vec_dot_q*_K_q8_K), or, for Q4_K weights with a multiple of 8 rows, one float sum of the
+# block's whole integer sum (ggml's repacked gemv/gemm_q4_K_8x8_q8_K).
 
 
 @inline
@@ -192,82 +184,153 @@ def _lane_dot(w, qs, t, x0, isum):
 
 
 @inline
-def _sum8(acc, t):
-    """acc[t, 0] + acc[t, 1] + ... + acc[t, 7], in that order."""
-    tot = acc[t, 0]
-    for k in range(1, 8):
-        tot += acc[t, k]
-    return tot
+def _sub_min(mins, bs, t, b, j):
+    """mins[j] * (the sum of the token's 32 quants of sub-block j of block b)."""
+    return np.int32(mins[j] * (np.int32(bs[t, b * 16 + 2 * j]) + np.int32(bs[t, b * 16 + 2 * j + 1])))
 
 
 @inline
-def _k_lanes(acc, t, dx, dw, dmw, isum, mins, bs, b):
-    """acc[t, k] += dx * (dw * isum[k] - dmw * min_k * (sum of the 32 quants of sub-block k))."""
+def _fma_lanes(acc, t, dd, isum):
+    """acc[t, k] = fma(dd, isum[k], acc[t, k]) for the eight lanes (one rounding each)."""
     for k in range(8):
-        msum = mins[k] * (bs[t, b * 16 + 2 * k] + bs[t, b * 16 + 2 * k + 1])
-        acc[t, k] += dx * (dw * np.float32(isum[k]) - dmw * np.float32(msum))
+        acc[t, k] = fma32(dd, np.float32(isum[k]), acc[t, k])
+
+
+@inline
+def _sub_dots(w, qs, t, x0, ssum):
+    """ssum[j] = sum_i w[32j + i] * qs[t, x0 + 32j + i] for the block's 8 sub-blocks."""
+    for j in range(8):
+        s = np.int32(0)
+        for i in range(32):
+            s = np.int32(s + np.int32(w[32 * j + i]) * np.int32(qs[t, x0 + 32 * j + i]))
+        ssum[j] = s
+
+
+@inline
+def _tiled_step(acc, t, dx, dw, dmw, s1, s2):
+    """ggml's tiled block step: acc[t] = fma(fma(-dmin_w, s2, s1 * d_w), d_x, acc[t])."""
+    res = fma32(-dmw, np.float32(s2), np.float32(s1) * dw)
+    acc[t, 0] = fma32(res, dx, acc[t, 0])
 
 
 @kernel(parallel=True)
-def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch):
+def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch, order, ngemm):
+    """Q4_K in ggml's `order` (simd_mm.VEC_DOT, TILED or REPACKED: one FMA per block (gemv)
+    for tokens >= ngemm, one per pair of sub-blocks (gemm) for tokens < ngemm)."""
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
         w = np.empty(QK_K, np.int16)  # [256] unpacked block, scales applied
         mins = np.empty(8, np.int32)  # [8]
-        isum = np.empty(8, np.int32)  # [8] integer lanes of one block and token
-        acc = np.empty((T, 8), np.float32)  # [T, 8] float lanes
+        isum = np.empty(8, np.int32)  # [8] integer lanes (repacked: sub-block sums)
+        acc = np.empty((T, 8), np.float32)  # [T, 8] float lanes (else lane 0 only)
+        acc_m = np.empty((T, 4), np.float32)  # [T, 4] min lanes (else lane 0 only)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
+            acc_m[:] = 0
             for b in range(nb):
                 dw, dmw = _unpack_q4_k(raw, (r * nb + b) * Q4_K_BYTES, w, mins)
                 for t in range(T):
+                    dx = d[t, b]
+                    if order == REPACKED:
+                        _sub_dots(w, qs, t, b * QK_K, isum)
+                        sd, sm = dw * dx, dmw * dx
+                        if t < ngemm:
+                            for p in range(4):
+                                ip = isum[2 * p] + isum[2 * p + 1]
+                                mp = _sub_min(mins, bs, t, b, 2 * p) + _sub_min(mins, bs, t, b, 2 * p + 1)
+                                acc[t, 0] = fma32(np.float32(ip), sd, acc[t, 0])
+                                acc_m[t, 0] = fma32(np.float32(mp), sm, acc_m[t, 0])
+                        else:
+                            tot, imin = np.int32(0), np.int32(0)
+                            for k in range(8):
+                                tot += isum[k]
+                                imin += _sub_min(mins, bs, t, b, k)
+                            acc[t, 0] = fma32(np.float32(tot), sd, acc[t, 0])
+                            acc_m[t, 0] = fma32(np.float32(imin), sm, acc_m[t, 0])
+                        continue
                     _lane_dot(w, qs, t, b * QK_K, isum)
-                    _k_lanes(acc, t, d[t, b], dw, dmw, isum, mins, bs, b)
+                    if order == TILED:
+                        tot, imin = np.int32(0), np.int32(0)
+                        for k in range(8):
+                            tot += isum[k]
+                            imin += _sub_min(mins, bs, t, b, k)
+                        _tiled_step(acc, t, dx, dw, dmw, tot, imin)
+                        continue
+                    _fma_lanes(acc, t, dx * dw, isum)
+                    dm = -(dx * dmw)
+                    for m in range(4):
+                        p = _sub_min(mins, bs, t, b, 2 * m) + _sub_min(mins, bs, t, b, 2 * m + 1)
+                        acc_m[t, m] = fma32(dm, np.float32(p), acc_m[t, m])
             for t in range(T):
-                out[t, r] = _sum8(acc, t)
+                if order == REPACKED:
+                    out[t, r] = acc[t, 0] - acc_m[t, 0]
+                elif order == TILED:
+                    out[t, r] = acc[t, 0]
+                else:
+                    am = (acc_m[t, 0] + acc_m[t, 2]) + (acc_m[t, 1] + acc_m[t, 3])
+                    out[t, r] = _hsum8(acc, t) + am
 
 
 @kernel(parallel=True)
-def _mm_q5_k(raw, rows, cols, qs, d, bs, out, nch):
+def _mm_q5_k(raw, rows, cols, qs, d, bs, out, nch, order):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
         w = np.empty(QK_K, np.int16)  # [256]
         mins = np.empty(8, np.int32)  # [8]
         isum = np.empty(8, np.int32)  # [8]
-        acc = np.empty((T, 8), np.float32)  # [T, 8]
+        acc = np.empty((T, 8), np.float32)  # [T, 8] (tiled: lane 0 only)
+        summs = np.empty(T, np.float32)  # [T] the min term
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
+            summs[:] = 0
             for b in range(nb):
                 dw, dmw = _unpack_q5_k(raw, (r * nb + b) * Q5_K_BYTES, w, mins)
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
-                    _k_lanes(acc, t, d[t, b], dw, dmw, isum, mins, bs, b)
+                    dx = d[t, b]
+                    tot, imin = np.int32(0), np.int32(0)
+                    for k in range(8):
+                        tot += isum[k]
+                        imin += _sub_min(mins, bs, t, b, k)
+                    if order == TILED:
+                        _tiled_step(acc, t, dx, dw, dmw, tot, imin)
+                    else:
+                        _fma_lanes(acc, t, dx * dw, isum)
+                        summs[t] = fma32(-(dx * dmw), np.float32(imin), summs[t])
             for t in range(T):
-                out[t, r] = _sum8(acc, t)
+                out[t, r] = acc[t, 0] if order == TILED else _hsum8(acc, t) + summs[t]
 
 
 @kernel(parallel=True)
-def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch):
+def _mm_q6_k(raw, rows, cols, qs, d, bs, out, nch, order):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
-        w = np.empty(QK_K, np.int16)  # [256]
+        w = np.empty(QK_K, np.int16)  # [256] (q + 32) * sc
         s = np.empty(16, np.int16)  # [16] scales
         isum = np.empty(8, np.int32)  # [8]
-        acc = np.empty((T, 8), np.float32)  # [T, 8]
+        acc = np.empty((T, 8), np.float32)  # [T, 8] (tiled: lane 0 only)
         for r in range(c * rows // nch, (c + 1) * rows // nch):
             acc[:] = 0
             for b in range(nb):
                 dw = _unpack_q6_k(raw, (r * nb + b) * Q6_K_BYTES, w, s)
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
-                    a = d[t, b] * dw
-                    for k in range(8):
-                        acc[t, k] += a * np.float32(isum[k])
+                    for k in range(8):  # minus 32 * (bsum x scale) of the lane's two groups
+                        g0 = np.int32(bs[t, b * 16 + 2 * k]) * np.int32(s[2 * k])
+                        g1 = np.int32(bs[t, b * 16 + 2 * k + 1]) * np.int32(s[2 * k + 1])
+                        isum[k] -= np.int32(32) * (g0 + g1)
+                    if order == TILED:
+                        tot = np.int32(0)
+                        for k in range(8):
+                            tot += isum[k]
+                        acc[t, 0] = fma32(np.float32(tot) * dw, d[t, b], acc[t, 0])
+                    else:
+                        _fma_lanes(acc, t, d[t, b] * dw, isum)
             for t in range(T):
-                out[t, r] = _sum8(acc, t)
+                out[t, r] = acc[t, 0] if order == TILED else _hsum8(acc, t)
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,50 +439,30 @@ def _prefetch(raw, o, nbytes):
 
 
 @kernel(parallel=True)
-def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch):
+def _mm_q4_k_simd(raw, rows, cols, qs, d, bs, out, nch, order, ngemm):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
-                q4_k_rows(raw, r * nb * Q4_K_BYTES, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+            q4_k_row(raw, r, nb, qs, d, bs, T, out, order, ngemm)
 
 
 @kernel(parallel=True)
-def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch):
+def _mm_q5_k_simd(raw, rows, cols, qs, d, bs, out, nch, order):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
-                q5_k_rows(raw, r * nb * Q5_K_BYTES, nb, qs, d, bs, t, min(TILE, T - t), out, r)
-
-
-@kernel
-def _pair_sums32(qs, out):
-    T, half = out.shape
-    for t in range(T):
-        for i in range(half):
-            out[t, i] = np.int16(32) * (np.int16(qs[t, 2 * i]) + np.int16(qs[t, 2 * i + 1]))
-
-
-def x_pairs32(qx: QActivation) -> np.ndarray:
-    """int16 [T, cols/2]: 32 * (q[2i] + q[2i+1]) of the Q8_K quants (|.| <= 8128), made once per
-    activation and kept on it; the Q6_K tiles subtract it from their unsigned products."""
-    if qx.pairs32 is None:
-        qx.pairs32 = np.empty((qx.T, qx.cols // 2), np.int16)
-        _pair_sums32(qx.qs, qx.pairs32)
-    return qx.pairs32
+            q5_k_row(raw, r, nb, qs, d, bs, T, out, order)
 
 
 @kernel(parallel=True)
-def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch):
+def _mm_q6_k_simd(raw, rows, cols, qs, d, bs, out, nch, order):
     T = qs.shape[0]
     nb = cols // QK_K
     for c in prange(nch):
         for r in range(c * rows // nch, (c + 1) * rows // nch):
-            for t in range(0, T, TILE):  # up to TILE tokens share each unpacked block
-                q6_k_rows(raw, r * nb * Q6_K_BYTES, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+            q6_k_row(raw, r, nb, qs, d, bs, T, out, order)
 
 
 _F32, _i32 = ir.FloatType(), ir.IntType(32)
@@ -604,10 +647,12 @@ def matmul_q(
 
 
 def _call(kern, args, flat, rows, cols, qx, out2, nch, per_row=False):
-    if args == "k":  # K-quants: Q8_K activations with block sums
-        kern(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch)
-    elif args == "k6":  # SIMD Q6_K: Q8_K activations with their pair sums times 32
-        kern(flat, rows, cols, qx.qs, qx.d, x_pairs32(qx), out2, nch)
+    if args in ("k4", "k"):  # K-quants: Q8_K activations, ggml's order for this product
+        order, ngemm = product_order(args == "k4", rows, qx.T, per_row)
+        if args == "k4":
+            kern(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch, order, ngemm)
+        else:
+            kern(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch, order)
     elif args == "0":  # 32-value blocks: Q8_0 activations
         kern(flat, rows, cols, qx.qs, qx.d, out2, nch)
     elif args == "f32":
@@ -625,7 +670,7 @@ def _q8_0_portable(flat, rows, cols, qs, d, out, nch):
 
 # weight type -> (kernel, argument kind)
 _PORTABLE = {
-    QT.Q4_K: (_mm_q4_k, "k"),
+    QT.Q4_K: (_mm_q4_k, "k4"),
     QT.Q5_K: (_mm_q5_k, "k"),
     QT.Q6_K: (_mm_q6_k, "k"),
     QT.Q8_0: (_q8_0_portable, "0"),
@@ -636,9 +681,9 @@ _PORTABLE = {
 }
 _FAST = {
     **_PORTABLE,
-    QT.Q4_K: (_mm_q4_k_simd, "k"),
+    QT.Q4_K: (_mm_q4_k_simd, "k4"),
     QT.Q5_K: (_mm_q5_k_simd, "k"),
-    QT.Q6_K: (_mm_q6_k_simd, "k6"),
+    QT.Q6_K: (_mm_q6_k_simd, "k"),
     QT.Q8_0: (_mm_q8_0_simd, "0"),
     QT.Q4_0: (_mm_q4_0_simd, "0"),
 }

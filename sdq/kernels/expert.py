@@ -30,7 +30,15 @@ from sdq.kernels.jit import inline, kernel
 from sdq.kernels.ops import SIMD_F32, silu_at
 from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K
 from sdq.kernels.simd import HAVE_AVX2
-from sdq.kernels.simd_mm import TILE, q4_k_rows, q5_k_rows, q6_k_rows
+from sdq.kernels.simd_mm import (
+    REPACKED,
+    TILED,
+    TILED_MIN_TOKENS,
+    VEC_DOT,
+    q4_k_row,
+    q5_k_row,
+    q6_k_row,
+)
 
 _KIND = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}  # weight type -> kind passed to the kernel
 
@@ -50,7 +58,6 @@ def _sizes(n_tokens: int, cols: int) -> list[tuple[type, int]]:
         (np.int8, cols),
         (np.float32, cols // QK_K),
         (np.int16, cols // 16),
-        (np.int16, cols // 2),
     ]
 
 
@@ -67,7 +74,7 @@ def scratch_bytes(n_tokens: int, cols: int) -> int:
 
 class QBlocks:
     """Q8_K rows [T, cols] carved out of a caller's byte buffer: qs int8 [T, cols], d f32
-    [T, cols/256], bsums int16 [T, cols/16], pairs32 int16 [T, cols/2] (Q6_K's pair sums)."""
+    [T, cols/256], bsums int16 [T, cols/16]."""
 
     def __init__(self, buf: np.ndarray, T: int, cols: int):
         raw = buf.reshape(-1).view(np.uint8)
@@ -80,61 +87,58 @@ class QBlocks:
             n = T * width * np.dtype(dtype).itemsize
             arrays.append(raw[o : o + n].view(dtype).reshape(T, width))
             o += -(-n // ALIGN) * ALIGN
-        self.qs, self.d, self.bsums, self.pairs32 = arrays
+        self.qs, self.d, self.bsums = arrays
 
 
 # One row loop per weight type, each its own compiled function (as dot.py's kernels), so
 # LLVM sees a single tile type per loop. With all three tile types inlined into one loop the
 # products ran ~1.8x (gate, up) and ~2.5x (down: D rows of only F/256 blocks) slower than
-# dot.py's (mini-model shapes, 6 tokens, one thread).
+# dot.py's (mini-model shapes, 6 tokens, one thread). Each product takes the order ggml's
+# mul_mat_id takes for one expert (simd_mm.product_order).
 
 
 @kernel
 def _product_q4_k(raw, rows, cols, n, qs, d, bs, out):
     """out[:n, r] = the tokens' products with every row r of Q4_K weights (one thread)."""
     nb = cols // QK_K
+    if rows % 8 == 0:
+        order = REPACKED
+    else:
+        order = TILED if n >= TILED_MIN_TOKENS else VEC_DOT
     for r in range(rows):
-        for t in range(0, n, TILE):
-            q4_k_rows(raw, r * nb * Q4_K_BYTES, nb, qs, d, bs, t, min(TILE, n - t), out, r)
+        q4_k_row(raw, r, nb, qs, d, bs, n, out, order, 0)
 
 
 @kernel
 def _product_q5_k(raw, rows, cols, n, qs, d, bs, out):
     nb = cols // QK_K
+    order = TILED if n >= TILED_MIN_TOKENS else VEC_DOT
     for r in range(rows):
-        for t in range(0, n, TILE):
-            q5_k_rows(raw, r * nb * Q5_K_BYTES, nb, qs, d, bs, t, min(TILE, n - t), out, r)
+        q5_k_row(raw, r, nb, qs, d, bs, n, out, order)
 
 
 @kernel
-def _product_q6_k(raw, rows, cols, n, qs, d, px, out):
+def _product_q6_k(raw, rows, cols, n, qs, d, bs, out):
     nb = cols // QK_K
+    order = TILED if n >= TILED_MIN_TOKENS else VEC_DOT
     for r in range(rows):
-        for t in range(0, n, TILE):
-            q6_k_rows(raw, r * nb * Q6_K_BYTES, nb, qs, d, px, t, min(TILE, n - t), out, r)
+        q6_k_row(raw, r, nb, qs, d, bs, n, out, order)
 
 
 @inline
-def _product(kind, raw, rows, cols, n, qs, d, bs, px, out):
+def _product(kind, raw, rows, cols, n, qs, d, bs, out):
     if kind == 4:
         _product_q4_k(raw, rows, cols, n, qs, d, bs, out)
     elif kind == 5:
         _product_q5_k(raw, rows, cols, n, qs, d, bs, out)
     else:
-        _product_q6_k(raw, rows, cols, n, qs, d, px, out)
-
-
-@inline
-def _pairs(qs, px, n):
-    for t in range(n):
-        for i in range(px.shape[1]):
-            px[t, i] = np.int16(32) * (np.int16(qs[t, 2 * i]) + np.int16(qs[t, 2 * i + 1]))
+        _product_q6_k(raw, rows, cols, n, qs, d, bs, out)
 
 
 @kernel
 def _expert_ffn(
     e, ids, weights, kinds, gate, up, down, F, D,
-    xqs, xd, xbs, qs, qd, qbs, qpx, g, u, hqs, hd, hbs, hpx, dout, parts,
+    xqs, xd, xbs, qs, qd, qbs, g, u, hqs, hd, hbs, dout, parts,
 ):  # fmt: skip
     T, K = ids.shape
     # tokens routed to e, in token order, and e's place in each one's top-K
@@ -155,18 +159,14 @@ def _expert_ffn(
         qs[j, :] = xqs[t, :]
         qd[j, :] = xd[t, :]
         qbs[j, :] = xbs[t, :]
-    if kinds[0] == 6 or kinds[1] == 6:
-        _pairs(qs, qpx, n)
-    _product(kinds[0], gate, F, D, n, qs, qd, qbs, qpx, g)
-    _product(kinds[1], up, F, D, n, qs, qd, qbs, qpx, u)
+    _product(kinds[0], gate, F, D, n, qs, qd, qbs, g)
+    _product(kinds[1], up, F, D, n, qs, qd, qbs, u)
     simd = F - F % SIMD_F32
     for j in range(n):  # silu(gate) * up, as ops.silu_mul
         for i in range(F):
             g[j, i] = silu_at(g[j, i], i < simd) * u[j, i]
     _quantize_q8_k(g[:n], hqs[:n], hd[:n], hbs[:n])
-    if kinds[2] == 6:
-        _pairs(hqs, hpx, n)
-    _product(kinds[2], down, D, F, n, hqs, hd, hbs, hpx, dout)
+    _product(kinds[2], down, D, F, n, hqs, hd, hbs, dout)
     for j in range(n):  # weighted, into e's place in each token's top-K
         w = weights[rows[j], slots[j]]
         for i in range(D):
@@ -225,13 +225,11 @@ def expert_ffn(
                 in_q.qs,
                 in_q.d,
                 in_q.bsums,
-                in_q.pairs32,
                 g,
                 u,
                 hid_q.qs,
                 hid_q.d,
                 hid_q.bsums,
-                hid_q.pairs32,
                 dout,
                 parts,
             )  # fmt: skip

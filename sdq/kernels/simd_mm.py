@@ -38,6 +38,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from sdq.kernels.jit import inline
 from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K
 from sdq.kernels.simd import _Emit, _i8, _i16, _i32, _V8x32, _V16x8, _V16x16
 
@@ -55,7 +56,7 @@ _V8f = ir.VectorType(_f32, 8)
 # Argument positions shared by every tile intrinsic:
 #   raw uint8 [nbytes] (flat weight bytes), ro int (byte offset of row r), nb int (blocks
 #   per row), qs int8 [T, cols], d f32 [T, nb], bs int16 (Q4_K/Q5_K: the Q8_K block sums
-#   [T, cols/16]; Q6_K: x_pairs32 [T, cols/2]), t0 int (first token of the tile), n int
+#   [T, cols/16]), t0 int (first token of the tile), n int
 #   (tokens in the tile), out f32 [T, rows], r int (row)
 _RAW, _RO, _NB, _QS, _D, _BS, _T0, _N, _OUT, _R = range(10)
 
@@ -120,19 +121,42 @@ class _Gen(_Emit):
         """acc + vpmaddwd(a, c): <8 x i32> plus the pairwise products of <16 x i16>."""
         return self.b.add(acc, self.maddwd(a, c))
 
-    def row_sum_store(self, acc, t):
-        """out[t, r] = acc[0] + acc[1] + ... + acc[7], in that order."""
+    def store_out(self, value, t):
+        """out[t, r] = value."""
         b = self.b
-        s = b.extract_element(acc, ir.Constant(_i32, 0))
-        for k in range(1, 8):
-            s = b.fadd(s, b.extract_element(acc, ir.Constant(_i32, k)))
         off = b.add(self.row_off(_OUT, t), b.mul(self.int_arg(_R), self.i64(4)))
         ptr = cgutils.pointer_add(b, self.arrays[_OUT].data, off)
-        b.store(s, b.bitcast(ptr, _f32.as_pointer()), align=1)
+        b.store(value, b.bitcast(ptr, _f32.as_pointer()), align=1)
 
 
-def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
-    """One row of Q4_K (five_bit False) or Q5_K blocks for a tile of n tokens."""
+def _fma(g: _Gen, a, b, c):
+    """a * b + c rounded once (scalars or vectors of float)."""
+    name = "llvm.fma.f32" if a.type == _f32 else f"llvm.fma.v{a.type.count}f32"
+    return g.b.call(g.fn(name, a.type, [a.type] * 3), [a, b, c])
+
+
+def _reduce(g: _Gen, v):
+    """The integer sum of an <8 x i32> (exact)."""
+    return g.hsum(v)
+
+
+def _hsum8(g: _Gen, acc):
+    """ggml's hsum_float_8: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
+    b = g.b
+    lane = [b.extract_element(acc, ir.Constant(_i32, k)) for k in range(8)]
+    h = [b.fadd(lane[k], lane[k + 4]) for k in range(4)]
+    return b.fadd(b.fadd(h[0], h[2]), b.fadd(h[1], h[3]))
+
+
+def _splat_f(g: _Gen, v, count: int):
+    vt = ir.VectorType(_f32, count)
+    vec = g.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_i32, 0))
+    return g.lanes(vec, [0] * count)
+
+
+def _emit_k(g: _Gen, n: int, five_bit: bool, order: str) -> None:
+    """One row of Q4_K (five_bit False) or Q5_K blocks for a tile of n tokens, summed in
+    ggml's `order` (kquant_ref.py): "vec_dot", "tiled", or Q4_K's repacked "gemv"/"gemm"."""
     bpb = Q5_K_BYTES if five_bit else Q4_K_BYTES  # bytes per block
     qoff = 48 if five_bit else 16  # offset of the 4-bit quants in the block
     b = g.b
@@ -141,7 +165,14 @@ def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
     xrow = [g.row_off(_QS, t) for t in toks]  # byte offsets of each token's rows
     drow = [g.row_off(_D, t) for t in toks]
     brow = [g.row_off(_BS, t) for t in toks]
-    accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
+    lanes = order == "vec_dot"
+    acc_t = _V8f if lanes else _f32
+    accs = [cgutils.alloca_once_value(b, ir.Constant(acc_t, None)) for _ in range(n)]
+    if lanes and not five_bit:  # Q4_K's four min lanes
+        mins_t = ir.VectorType(_f32, 4)
+    else:  # Q5_K's one min sum, the repacked min sum (tiled folds the mins into the block)
+        mins_t = _f32
+    accm = [cgutils.alloca_once_value(b, ir.Constant(mins_t, None)) for _ in range(n)]
     m4, one = g.splat(15), g.splat(1)
     with cgutils.for_range(b, nb) as loop:
         blk = loop.index
@@ -153,6 +184,7 @@ def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
         qh = g.load(_RAW, g.off(o, 16)) if five_bit else None
         zero = ir.Constant(_V8x32, None)
         sums = [[zero] * _chains(n) for _ in range(n)]  # per token: <8 x i32> running sums
+        pairs = [[] for _ in range(n)]  # gemm: per token, the 4 sub-block pairs' sums
         for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
             q = g.load(_RAW, g.off(o, qoff + 32 * p))
             lo, hi = b.and_(q, m4), b.lshr(q, g.splat(4))
@@ -167,37 +199,72 @@ def _emit_k(g: _Gen, n: int, five_bit: bool) -> None:
                 xo = b.add(xrow[j], xb)
                 pl = g.maddubs(lo, g.load(_QS, g.off(xo, 64 * p)))
                 ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
+                if order == "gemm":
+                    pairs[j].append(_reduce(g, b.add(g.maddwd(pl, s_lo), g.maddwd(ph, s_hi))))
+                    continue
                 k = len(sums[j]) - 1  # 0 or 1
                 sums[j][0] = g.madd_acc(sums[j][0], pl, s_lo)
                 sums[j][k] = g.madd_acc(sums[j][k], ph, s_hi)
-        isum = [_total(b, v) for v in sums]
-        dw_v, dmw_v = g.fsplat(dw), g.fsplat(dmw)  # shared by the tile's tokens
         for j in range(n):
             dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
             bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(_BSUM_BYTES))), _V16x16)
             msum = g.maddwd(bs16, mins)  # lane k: m_k * (sum of sub-block k's quants)
-            block = b.fsub(
-                b.fmul(dw_v, b.sitofp(isum[j], _V8f)), b.fmul(dmw_v, b.sitofp(msum, _V8f))
-            )
-            scaled = b.fmul(g.fsplat(dx), block)
-            b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
+            acc, am = b.load(accs[j]), b.load(accm[j])
+            if order == "vec_dot":
+                isum = b.sitofp(_total(b, sums[j]), _V8f)
+                acc = _fma(g, _splat_f(g, b.fmul(dx, dw), 8), isum, acc)
+                dm = b.fneg(b.fmul(dx, dmw))
+                if five_bit:
+                    am = _fma(g, dm, b.sitofp(_reduce(g, msum), _f32), am)
+                else:  # lane m: mins 2m and 2m+1
+                    pm = b.add(g.lanes(msum, [0, 2, 4, 6]), g.lanes(msum, [1, 3, 5, 7]))
+                    am = _fma(g, _splat_f(g, dm, 4), b.sitofp(pm, mins_t), am)
+            elif order == "tiled":
+                s1 = b.sitofp(_reduce(g, _total(b, sums[j])), _f32)
+                s2 = b.sitofp(_reduce(g, msum), _f32)
+                res = _fma(g, b.fneg(dmw), s2, b.fmul(s1, dw))
+                acc = _fma(g, res, dx, acc)
+            else:  # repacked Q4_K
+                sd, sm = b.fmul(dw, dx), b.fmul(dmw, dx)
+                if order == "gemv":
+                    acc = _fma(g, b.sitofp(_reduce(g, _total(b, sums[j])), _f32), sd, acc)
+                    am = _fma(g, b.sitofp(_reduce(g, msum), _f32), sm, am)
+                else:
+                    for p in range(4):
+                        lane = [b.extract_element(msum, ir.Constant(_i32, 2 * p + i)) for i in (0, 1)]
+                        acc = _fma(g, b.sitofp(pairs[j][p], _f32), sd, acc)
+                        am = _fma(g, b.sitofp(b.add(*lane), _f32), sm, am)
+            b.store(acc, accs[j])
+            b.store(am, accm[j])
     for j in range(n):
-        g.row_sum_store(b.load(accs[j]), toks[j])
+        acc, am = b.load(accs[j]), b.load(accm[j])
+        if order == "vec_dot":
+            tot = _hsum8(g, acc)
+            if five_bit:
+                tot = b.fadd(tot, am)
+            else:
+                m = [b.extract_element(am, ir.Constant(_i32, k)) for k in range(4)]
+                tot = b.fadd(tot, b.fadd(b.fadd(m[0], m[2]), b.fadd(m[1], m[3])))
+        elif order == "tiled":
+            tot = acc
+        else:
+            tot = b.fsub(acc, am)
+        g.store_out(tot, toks[j])
 
 
-def _emit_q6_k(g: _Gen, n: int) -> None:
-    """One row of Q6_K blocks for a tile of n tokens.
+def _emit_q6_k(g: _Gen, n: int, order: str) -> None:
+    """One row of Q6_K blocks for a tile of n tokens, in ggml's "vec_dot" or "tiled" order.
 
-    Q6_K stores q + 32 (unsigned, as ``vpmaddubsw`` wants); the pairwise excess 32 * (x_i +
-    x_i+1) of each token is read from x_pairs32 (computed once per product by dot.py, as it
-    does not depend on the weight row) instead of being multiplied again for every row."""
+    Q6_K stores q + 32 (unsigned, as ``vpmaddubsw`` wants); as ggml, the excess is taken off
+    each integer lane at the end of the block: 32 * (bsum_2k * sc_2k + bsum_2k+1 * sc_2k+1)."""
     b = g.b
     ro, nb, t0 = g.int_arg(_RO), g.int_arg(_NB), g.int_arg(_T0)
     toks = [b.add(t0, g.i64(j)) for j in range(n)]
     xrow = [g.row_off(_QS, t) for t in toks]
     drow = [g.row_off(_D, t) for t in toks]
-    prow = [g.row_off(_BS, t) for t in toks]  # the bs argument holds x_pairs32 here
-    accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n)]
+    brow = [g.row_off(_BS, t) for t in toks]
+    acc_t = _V8f if order == "vec_dot" else _f32
+    accs = [cgutils.alloca_once_value(b, ir.Constant(acc_t, None)) for _ in range(n)]
     m4, m2 = g.splat(15), g.splat(3)
     with cgutils.for_range(b, nb) as loop:
         blk = loop.index
@@ -222,18 +289,23 @@ def _emit_q6_k(g: _Gen, n: int) -> None:
                 for j in range(n):
                     xo = 128 * h + 32 * c  # value offset in the block = byte offset
                     x = g.load(_QS, g.off(b.add(xrow[j], xb), xo))
-                    x32 = g.load(_BS, g.off(b.add(prow[j], xb), xo), _V16x16)
-                    # (q + 32) x - 32 x pairwise: |.| <= 2 * 32 * 127, no saturation
-                    pr = b.sub(g.maddubs(u, x), x32)
                     k = c % len(sums[j])
-                    sums[j][k] = g.madd_acc(sums[j][k], pr, sv)
-        isum = [_total(b, v) for v in sums]
+                    sums[j][k] = g.madd_acc(sums[j][k], g.maddubs(u, x), sv)
         for j in range(n):
             dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
-            scaled = b.fmul(g.fsplat(b.fmul(dx, dw)), b.sitofp(isum[j], _V8f))
-            b.store(b.fadd(b.load(accs[j]), scaled), accs[j])
+            bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(_BSUM_BYTES))), _V16x16)
+            excess = b.shl(g.maddwd(bs16, scales), ir.Constant(_V8x32, [5] * 8))
+            isum = b.sub(_total(b, sums[j]), excess)
+            acc = b.load(accs[j])
+            if order == "vec_dot":
+                acc = _fma(g, _splat_f(g, b.fmul(dx, dw), 8), b.sitofp(isum, _V8f), acc)
+            else:
+                res = b.fmul(b.sitofp(_reduce(g, isum), _f32), dw)
+                acc = _fma(g, res, dx, acc)
+            b.store(acc, accs[j])
     for j in range(n):
-        g.row_sum_store(b.load(accs[j]), toks[j])
+        acc = b.load(accs[j])
+        g.store_out(_hsum8(g, acc) if order == "vec_dot" else acc, toks[j])
 
 
 def _chains(n: int) -> int:
@@ -273,6 +345,68 @@ def _rows_intrinsic(emit):
     return tile
 
 
-q4_k_rows = _rows_intrinsic(lambda g, n: _emit_k(g, n, five_bit=False))
-q5_k_rows = _rows_intrinsic(lambda g, n: _emit_k(g, n, five_bit=True))
-q6_k_rows = _rows_intrinsic(_emit_q6_k)
+q4_k_vec_dot = _rows_intrinsic(lambda g, n: _emit_k(g, n, False, "vec_dot"))
+q4_k_tiled = _rows_intrinsic(lambda g, n: _emit_k(g, n, False, "tiled"))
+q4_k_gemv = _rows_intrinsic(lambda g, n: _emit_k(g, n, False, "gemv"))
+q4_k_gemm = _rows_intrinsic(lambda g, n: _emit_k(g, n, False, "gemm"))
+q5_k_vec_dot = _rows_intrinsic(lambda g, n: _emit_k(g, n, True, "vec_dot"))
+q5_k_tiled = _rows_intrinsic(lambda g, n: _emit_k(g, n, True, "tiled"))
+q6_k_vec_dot = _rows_intrinsic(lambda g, n: _emit_q6_k(g, n, "vec_dot"))
+q6_k_tiled = _rows_intrinsic(lambda g, n: _emit_q6_k(g, n, "tiled"))
+
+
+# ---------------------------------------------------------------------------------------
+# One weight row for T tokens, in the order ggml's x86 build takes for that product.
+# Arguments: raw, r (row), nb (blocks per row), qs, d, bs (Q8_K activations: quants, scales,
+# block sums), T (tokens), out [T, rows]; order: VEC_DOT / TILED (all three types) or, for
+# Q4_K with rows % 8 == 0, REPACKED with tokens < ngemm in the gemm order.
+
+VEC_DOT, TILED, REPACKED = 0, 1, 2
+# ggml's tiled K-quant mul_mat (and mul_mat_id per expert) takes over from this many tokens
+TILED_MIN_TOKENS = 8
+
+
+def product_order(qtype_is_q4_k: bool, rows: int, tokens: int, per_expert: bool):
+    """(order, ngemm) ggml's x86 build uses for a K-quant product of `rows` weight rows and
+    `tokens` tokens: repacked Q4_K (rows % 8 == 0; mul_mat's leading multiple of 4 tokens in
+    the gemm order, the rest and every expert product in the gemv order), else its tiled
+    kernel from TILED_MIN_TOKENS tokens, else vec_dot."""
+    if qtype_is_q4_k and rows % 8 == 0:
+        return REPACKED, 0 if per_expert else tokens - tokens % 4
+    return (TILED if tokens >= TILED_MIN_TOKENS else VEC_DOT), 0
+
+
+@inline
+def q4_k_row(raw, r, nb, qs, d, bs, T, out, order, ngemm):
+    ro = r * nb * Q4_K_BYTES
+    if order == REPACKED:
+        for t in range(0, ngemm, TILE):
+            q4_k_gemm(raw, ro, nb, qs, d, bs, t, min(TILE, ngemm - t), out, r)
+        for t in range(ngemm, T, TILE):
+            q4_k_gemv(raw, ro, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+    elif order == TILED:
+        for t in range(0, T, TILE):
+            q4_k_tiled(raw, ro, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+    else:
+        for t in range(0, T, TILE):
+            q4_k_vec_dot(raw, ro, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+
+
+@inline
+def q5_k_row(raw, r, nb, qs, d, bs, T, out, order):
+    ro = r * nb * Q5_K_BYTES
+    for t in range(0, T, TILE):
+        if order == TILED:
+            q5_k_tiled(raw, ro, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+        else:
+            q5_k_vec_dot(raw, ro, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+
+
+@inline
+def q6_k_row(raw, r, nb, qs, d, bs, T, out, order):
+    ro = r * nb * Q6_K_BYTES
+    for t in range(0, T, TILE):
+        if order == TILED:
+            q6_k_tiled(raw, ro, nb, qs, d, bs, t, min(TILE, T - t), out, r)
+        else:
+            q6_k_vec_dot(raw, ro, nb, qs, d, bs, t, min(TILE, T - t), out, r)
