@@ -18,7 +18,7 @@ from family_support import (
     sdq_logits,
     teacher_forced_three_ways,
 )
-from llama_support import N_UBATCH, llama_logits, random_tokens
+from llama_support import N_UBATCH, exact_bar, llama_logits, random_tokens
 
 from sdq.format.model import anatomy, open_model
 from sdq.run.workspace import workspace_bytes
@@ -119,13 +119,15 @@ def test_quantized_teacher_forcing(llama_cpp, qtype):
     # two nearly tie. Which positions flip depends on the CPU (llama.cpp sums in the order of
     # the vector kernels it was built for). llama.cpp does the same against itself: with
     # flash attention (the same weights, attention summed in another order) it agrees with
-    # its own top-1 on 246/260 (Q8_0) and 239/260 (Q4_K_M) positions on both machines, so
-    # 99 % is out of reach here; sdq measured 254 and 258 (Q8_0), 256 and 250 (Q4_K_M).
-    # The bar: at least llama.cpp's agreement with itself, measured in the same run, and
+    # its own top-1 on 246/260 (Q8_0) and 239/260 (Q4_K_M) positions on both machines.
+    # sdq measured 254 and 258 (Q8_0), 256 and 250 (Q4_K_M) while it summed in its own
+    # orders; where llama.cpp is an AVX512 build, whose rounding sdq now reproduces (the
+    # K-quant products included), 260/260 in both types, bit-identical. The bar there: 99 %;
+    # elsewhere at least llama.cpp's agreement with itself, measured in the same run, and
     # never below 95 %. (Across ubatch sizes 16 and 64 llama.cpp agrees with itself exactly.)
     assert err[:12].max() < 1e-4, f"early positions differ: {err[:12].max():.2e}"
     assert self_agree < 0.99, f"llama.cpp agrees with itself on {self_agree:.3f}"
-    assert agree >= max(0.95, self_agree), (
+    assert agree >= exact_bar(max(0.95, self_agree)), (
         f"top-1 agreement {agree:.3f} (llama.cpp {self_agree:.3f})"
     )
 

@@ -174,37 +174,46 @@ def test_simd_and_portable_kernels_agree(qtype):
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda q: q.name)
-def test_k_quant_token_tiles(qtype):
-    """SIMD K-quant products take tokens in tiles of up to TILE (8): every token count, one
-    tile or several, gives the portable kernel's floats, and each token's row equals its
-    own matvec."""
+@pytest.mark.parametrize("rows", [16, 19], ids=["rows16", "rows19"])
+def test_k_quant_products_take_ggml_s_orders(qtype, rows):
+    """Every K-quant product equals kquant_ref's NumPy model of ggml's x86 float order for
+    its shape, bit for bit: vec_dot below 8 tokens, the tiled kernel from 8, repacked Q4_K
+    (rows % 8 == 0) with mul_mat's groups of 4 tokens in the gemm order and the rest, and
+    every per-expert product, in the gemv order. SIMD tiles (up to 8 tokens, one tile or
+    several) and the portable kernels alike."""
+    from sdq.kernels.kquant_ref import kquant_matmul_ref
     from sdq.kernels.simd import HAVE_AVX2
 
-    rng = np.random.default_rng(int(qtype) + 70)
-    rows, cols = 19, 512
+    rng = np.random.default_rng(int(qtype) + 70 + rows)
+    cols = 768
     raw = random_matrix(rng, qtype, rows, cols)
     X = rng.standard_normal((19, cols)).astype(np.float32)
-    single = np.empty((19, rows), np.float32)  # [T, rows], one matvec per token
-    for t in range(19):
-        matvec(raw, qtype, rows, cols, X[t], single[t])
     for T in [*range(1, 10), 16, 19]:
         qx = quantize_activation(X[:T], qtype)
-        out, plain = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
-        matmul_q(raw, qtype, rows, cols, qx, out)
-        matmul_q(raw, qtype, rows, cols, qx, plain, portable=True)
-        np.testing.assert_array_equal(out, single[:T])
-        if HAVE_AVX2:
-            np.testing.assert_array_equal(out, plain)
+        for per_row in (False, True):
+            want = kquant_matmul_ref(raw, qtype, rows, cols, qx.qs, qx.d, qx.bsums, per_row)
+            for portable in (True, False) if HAVE_AVX2 else (True,):
+                got = np.empty((T, rows), np.float32)
+                matmul_q(raw, qtype, rows, cols, qx, got, portable=portable, per_row=per_row)
+                np.testing.assert_array_equal(got, want, err_msg=f"T={T} per_row={per_row}")
 
 
-def test_x_pairs32_matches_numpy():
-    """The Q6_K tiles' per-activation side table: 32 * (q[2i] + q[2i+1]), made once."""
-    from sdq.kernels.dot import x_pairs32
-
-    rng = np.random.default_rng(80)
-    qx = quantize_activation(rng.standard_normal((3, 512)).astype(np.float32), QT.Q6_K)
-    ref = 32 * qx.qs.reshape(3, 256, 2).astype(np.int16).sum(axis=-1)  # [T, cols/2]
-    got = x_pairs32(qx)
-    assert got.dtype == np.int16
-    np.testing.assert_array_equal(got, ref)
-    assert x_pairs32(qx) is got  # kept on the activation for the next product
+def test_k_quant_orders_differ_where_ggml_s_do():
+    """The orders are real alternatives, not one computation under four names: on the same
+    bytes, repacked gemm vs gemv and tiled vs vec_dot give different last bits somewhere."""
+    rng = np.random.default_rng(75)
+    rows, cols, T = 16, 2048, 8
+    raw = random_matrix(rng, QT.Q4_K, rows, cols)
+    qx = quantize_activation(rng.standard_normal((T, cols)).astype(np.float32), QT.Q4_K)
+    gemm, gemv = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
+    matmul_q(raw, QT.Q4_K, rows, cols, qx, gemm)  # mul_mat: 8 tokens in the gemm order
+    matmul_q(raw, QT.Q4_K, rows, cols, qx, gemv, per_row=True)  # mul_mat_id: gemv
+    assert (gemm != gemv).any()
+    raw6 = random_matrix(rng, QT.Q6_K, rows, cols)
+    X6 = rng.standard_normal((T, cols)).astype(np.float32)
+    tiled = np.empty((T, rows), np.float32)
+    matmul(raw6, QT.Q6_K, rows, cols, X6, tiled)  # 8 tokens: the tiled kernel
+    rows_vec = np.empty((T, rows), np.float32)
+    for t in range(T):  # one token at a time: vec_dot (Q8_K is row-wise: the same quants)
+        matvec(raw6, QT.Q6_K, rows, cols, X6[t], rows_vec[t])
+    assert (tiled != rows_vec).any()

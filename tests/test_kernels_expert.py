@@ -40,15 +40,16 @@ def _run(e, x, ids, weights, qtypes, views, parts):
 
 
 def _separate(e, x, ids, weights, qtypes, views, parts):
-    """The engine's former per-expert steps: gather floats, convert, three products."""
+    """The engine's per-expert steps: gather floats, convert, three products (each as
+    ggml's mul_mat_id takes one expert's product: per_row)."""
     rows, slots = np.nonzero(ids == e)
     n = len(rows)
     xin = x[rows]
     g, u, d = (np.empty((n, c), np.float32) for c in (F, F, D))
-    matmul_q(views[0], qtypes[0], F, D, quantize_activation(xin, qtypes[0]), g)
-    matmul_q(views[1], qtypes[1], F, D, quantize_activation(xin, qtypes[1]), u)
+    matmul_q(views[0], qtypes[0], F, D, quantize_activation(xin, qtypes[0]), g, per_row=True)
+    matmul_q(views[1], qtypes[1], F, D, quantize_activation(xin, qtypes[1]), u, per_row=True)
     ops.silu_mul(g, u)
-    matmul_q(views[2], qtypes[2], D, F, quantize_activation(g, qtypes[2]), d)
+    matmul_q(views[2], qtypes[2], D, F, quantize_activation(g, qtypes[2]), d, per_row=True)
     parts[rows, slots] = d * weights[rows, slots][:, None]
 
 

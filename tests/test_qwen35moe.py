@@ -21,7 +21,7 @@ from family_support import (
     teacher_forced,
 )
 from gguf_builders import Layout, write_model
-from llama_support import N_UBATCH, llama_logits, q8_0_bar, random_tokens
+from llama_support import N_UBATCH, exact_bar, llama_logits, random_tokens
 
 from sdq.errors import UnsupportedError
 from sdq.format.model import open_model
@@ -128,9 +128,9 @@ def test_f32_greedy_continuation_identical(f32_path):
     assert n_prompt > N_UBATCH and ours == theirs
 
 
-@pytest.mark.parametrize("qtype, bar", [("Q8_0", None), ("Q4_K_M", 0.95)])
-def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
-    bar = bar or q8_0_bar(0.97)  # 0.97: 255-256/260 measured where the last bits differ
+@pytest.mark.parametrize("qtype, rounding_bar", [("Q8_0", 0.97), ("Q4_K_M", 0.95)])
+def test_quantized_teacher_forcing(llama_cpp, qtype, rounding_bar):
+    bar = exact_bar(rounding_bar)  # rounding bars: measured where the last bits differ
     agree, err = teacher_forced(build_model("tiny35", qtype=qtype, seed=0), 260)
     # Both engines convert activations to 8-bit blocks; when their float sums differ in the
     # last bit, now and then such a bit moves an activation across a rounding boundary, and
@@ -139,10 +139,10 @@ def test_quantized_teacher_forcing(llama_cpp, qtype, bar):
     # build does in every op (the Q8_0 and F32 products' lanes and FMAs, ggml's vector exp in
     # silu and softmax, libm's expf / cosf elsewhere, the delta-net's dot products), so no
     # such event happens: measured 260/260 with every logit bit-identical (before: 255-256,
-    # the first event at position 24). Q4_K_M: the K-quant products still sum in another
-    # order than ggml's (repacked) ones: the first event at position 23, then a median error
-    # of 1.2e-2; measured 253/260 (252-255 while the float order of other ops changed).
-    # Before the first event the engines agree to float rounding (Q4_K_M: 4e-7):
+    # the first event at position 24). Q4_K_M: the K-quant products take ggml's orders too
+    # (kquant_ref: vec_dot, tiled, repacked Q4_K): 260/260, bit-identical (while they summed
+    # in sdq's own order: 252-255, the first event at position 23). Where the last bits
+    # differ, the engines agree to float rounding before the first event (Q4_K_M: 4e-7):
     assert err[:16].max() < 1e-4, f"early positions differ: {err[:16].max():.2e}"
     assert agree >= bar, f"top-1 agreement {agree:.3f}"
 

@@ -5,13 +5,14 @@ Dimension key: T tokens (1 when decoding), rows/cols of the weight matrix, nb bl
 The activations are first converted as ggml's CPU backend does (see act_quant.py): Q8_K for
 K-quant weights, Q8_0 for Q8_0/Q4_0, F16/BF16/F32 for float weights. Then, per weight block
 and token, exact integer dot products of the block's quants with the token's int8 quants,
-and ggml's float step ``d_w * d_x * isum`` (minus the K-quant ``dmin * sum(min_j * bsum_j)``
-term). Rows are the outer loop and tokens the inner one, so a prefill ubatch reuses each
-weight row (from L1) for all its T tokens.
+and ggml's float steps. Rows are the outer loop and tokens the inner one, so a prefill
+ubatch reuses each weight row (from L1) for all its T tokens.
 
-K-quants keep, per (row, token), eight float lanes across the row's blocks; each lane
-adds an exact integer partial sum of the block scaled by ``d_w * d_x`` (simd_mm.py
-describes the lanes), and the lanes are summed once at the end of the row.
+K-quants round as ggml's x86 build: it takes one of four float orders by weight type, row
+count and token count (vec_dot below 8 tokens, its tiled kernel from 8, and for Q4_K
+weights with a multiple of 8 rows the repacked gemv/gemm); kquant_ref.py states them and
+computes them in NumPy, and simd_mm.product_order picks one. So a token's result can depend
+on how many tokens share the product, exactly as in llama.cpp.
 
 Q8_0 rounds exactly as ggml's x86 code (vec_dot_q8_0_q8_0, and llamafile's tinyBLAS, which
 ggml's mul_mat takes for 2+ tokens): eight float lanes, lane k adding the integer sum of the
@@ -186,7 +187,14 @@ def _lane_dot(w, qs, t, x0, isum):
 @inline
 def _sub_min(mins, bs, t, b, j):
     """mins[j] * (the sum of the token's 32 quants of sub-block j of block b)."""
-    return np.int32(mins[j] * (np.int32(bs[t, b * 16 + 2 * j]) + np.int32(bs[t, b * 16 + 2 * j + 1])))
+    o = b * 16 + 2 * j
+    return np.int32(mins[j] * (np.int32(bs[t, o]) + np.int32(bs[t, o + 1])))
+
+
+@inline
+def _min_pair(mins, bs, t, b, p):
+    """The min term of sub-blocks 2p and 2p+1 (ggml's pairs of sub-blocks and min lanes)."""
+    return _sub_min(mins, bs, t, b, 2 * p) + _sub_min(mins, bs, t, b, 2 * p + 1)
 
 
 @inline
@@ -238,7 +246,7 @@ def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch, order, ngemm):
                         if t < ngemm:
                             for p in range(4):
                                 ip = isum[2 * p] + isum[2 * p + 1]
-                                mp = _sub_min(mins, bs, t, b, 2 * p) + _sub_min(mins, bs, t, b, 2 * p + 1)
+                                mp = _min_pair(mins, bs, t, b, p)
                                 acc[t, 0] = fma32(np.float32(ip), sd, acc[t, 0])
                                 acc_m[t, 0] = fma32(np.float32(mp), sm, acc_m[t, 0])
                         else:
@@ -260,8 +268,8 @@ def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch, order, ngemm):
                     _fma_lanes(acc, t, dx * dw, isum)
                     dm = -(dx * dmw)
                     for m in range(4):
-                        p = _sub_min(mins, bs, t, b, 2 * m) + _sub_min(mins, bs, t, b, 2 * m + 1)
-                        acc_m[t, m] = fma32(dm, np.float32(p), acc_m[t, m])
+                        pm = _min_pair(mins, bs, t, b, m)
+                        acc_m[t, m] = fma32(dm, np.float32(pm), acc_m[t, m])
             for t in range(T):
                 if order == REPACKED:
                     out[t, r] = acc[t, 0] - acc_m[t, 0]

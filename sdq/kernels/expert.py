@@ -28,7 +28,7 @@ from sdq.format.quants import qtype_of
 from sdq.kernels.act_quant import QActivation, _quantize_q8_k
 from sdq.kernels.jit import inline, kernel
 from sdq.kernels.ops import SIMD_F32, silu_at
-from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K
+from sdq.kernels.quant import QK_K
 from sdq.kernels.simd import HAVE_AVX2
 from sdq.kernels.simd_mm import (
     REPACKED,

@@ -8,27 +8,18 @@ One call computes ``out[t0 + j, r]`` for one weight row ``r`` and a tile of n to
   token-by-token dots, shares the block's scales and per-block bookkeeping, and keeps 8
   independent multiply-add chains busy. Code is generated for every n up to TILE, so an
   expert's ~6 tokens are one tile, not 4 + 2.
-- Each token keeps eight float accumulators (one 256-bit vector) across the row's blocks.
-  A block adds its exact integer sums, scaled, lane by lane; the one horizontal sum per
-  (row, token) happens after the last block. Token-by-token block dots instead reduced
-  every block to one number before the float step.
 - The float accumulators, block scales and loop counters stay in registers for the whole
   row: no stores between blocks.
 
-Lane layout (the portable kernels in dot.py compute exactly the same numbers, see
-``_lane_dot``): integer lane k (k < 8) of a block holds, over the block's eight 32-value
-chunks c, sum_c sc(c, k) * sum_{i = 4k .. 4k+3} w[32c + i] * x[32c + i], where w are the
-weights' integer quants (Q6_K: q - 32) and sc the scale of the sub-block that value is in.
-These are the lanes ``vpmaddubsw`` followed by ``vpmaddwd`` produce. Each lane's sum is an
-exact integer below 2**24 in magnitude, so its conversion to float is exact too. Per block,
-token and lane: ``acc += d_x * (d_w * isum - dmin_w * msum)`` for Q4_K/Q5_K (the weight
-scales are broadcast once per block for all tokens) and ``acc += (d_x * d_w) * isum`` for Q6_K,
-where Q4_K/Q5_K's msum for lane k is min_k * (the sum of the token's 32 quants of
-sub-block k). The result is ``acc[0] + acc[1] + ... + acc[7]`` in that order. No fused
-multiply-add and no reassociation: every float operation is the portable kernel's.
-
-Tokens are independent: a token's result does not depend on the tile it was computed in,
-so a decode matvec (n = 1) equals the same token's row of a prefill product bit for bit.
+Integer lanes: lane k (k < 8) of a block holds, over the block's eight 32-value chunks c,
+sum_c sc(c, k) * sum_{i = 4k .. 4k+3} w[32c + i] * x[32c + i], where w are the weights'
+integer quants (Q6_K: q + 32, the excess taken off per lane at the end of the block, as
+ggml does) and sc the scale of the sub-block that value is in. These are the lanes
+``vpmaddubsw`` followed by ``vpmaddwd`` produce. The float steps per block follow one of
+ggml's orders (kquant_ref.py): eight float lanes (vec_dot), or one float per token fed by
+the block's whole integer sum (tiled, repacked gemv) or by each pair of sub-blocks
+(repacked gemm). One intrinsic per (type, order); ``product_order`` picks the order and the
+``q*_k_row`` helpers at the end call the intrinsics for one weight row.
 """
 
 from __future__ import annotations
@@ -135,11 +126,6 @@ def _fma(g: _Gen, a, b, c):
     return g.b.call(g.fn(name, a.type, [a.type] * 3), [a, b, c])
 
 
-def _reduce(g: _Gen, v):
-    """The integer sum of an <8 x i32> (exact)."""
-    return g.hsum(v)
-
-
 def _hsum8(g: _Gen, acc):
     """ggml's hsum_float_8: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
     b = g.b
@@ -200,7 +186,7 @@ def _emit_k(g: _Gen, n: int, five_bit: bool, order: str) -> None:
                 pl = g.maddubs(lo, g.load(_QS, g.off(xo, 64 * p)))
                 ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
                 if order == "gemm":
-                    pairs[j].append(_reduce(g, b.add(g.maddwd(pl, s_lo), g.maddwd(ph, s_hi))))
+                    pairs[j].append(g.hsum(b.add(g.maddwd(pl, s_lo), g.maddwd(ph, s_hi))))
                     continue
                 k = len(sums[j]) - 1  # 0 or 1
                 sums[j][0] = g.madd_acc(sums[j][0], pl, s_lo)
@@ -215,25 +201,27 @@ def _emit_k(g: _Gen, n: int, five_bit: bool, order: str) -> None:
                 acc = _fma(g, _splat_f(g, b.fmul(dx, dw), 8), isum, acc)
                 dm = b.fneg(b.fmul(dx, dmw))
                 if five_bit:
-                    am = _fma(g, dm, b.sitofp(_reduce(g, msum), _f32), am)
+                    am = _fma(g, dm, b.sitofp(g.hsum(msum), _f32), am)
                 else:  # lane m: mins 2m and 2m+1
                     pm = b.add(g.lanes(msum, [0, 2, 4, 6]), g.lanes(msum, [1, 3, 5, 7]))
                     am = _fma(g, _splat_f(g, dm, 4), b.sitofp(pm, mins_t), am)
             elif order == "tiled":
-                s1 = b.sitofp(_reduce(g, _total(b, sums[j])), _f32)
-                s2 = b.sitofp(_reduce(g, msum), _f32)
+                s1 = b.sitofp(g.hsum(_total(b, sums[j])), _f32)
+                s2 = b.sitofp(g.hsum(msum), _f32)
                 res = _fma(g, b.fneg(dmw), s2, b.fmul(s1, dw))
                 acc = _fma(g, res, dx, acc)
             else:  # repacked Q4_K
                 sd, sm = b.fmul(dw, dx), b.fmul(dmw, dx)
                 if order == "gemv":
-                    acc = _fma(g, b.sitofp(_reduce(g, _total(b, sums[j])), _f32), sd, acc)
-                    am = _fma(g, b.sitofp(_reduce(g, msum), _f32), sm, am)
+                    acc = _fma(g, b.sitofp(g.hsum(_total(b, sums[j])), _f32), sd, acc)
+                    am = _fma(g, b.sitofp(g.hsum(msum), _f32), sm, am)
                 else:
                     for p in range(4):
-                        lane = [b.extract_element(msum, ir.Constant(_i32, 2 * p + i)) for i in (0, 1)]
+                        m0, m1 = (
+                            b.extract_element(msum, ir.Constant(_i32, 2 * p + i)) for i in (0, 1)
+                        )
                         acc = _fma(g, b.sitofp(pairs[j][p], _f32), sd, acc)
-                        am = _fma(g, b.sitofp(b.add(*lane), _f32), sm, am)
+                        am = _fma(g, b.sitofp(b.add(m0, m1), _f32), sm, am)
             b.store(acc, accs[j])
             b.store(am, accm[j])
     for j in range(n):
@@ -300,7 +288,7 @@ def _emit_q6_k(g: _Gen, n: int, order: str) -> None:
             if order == "vec_dot":
                 acc = _fma(g, _splat_f(g, b.fmul(dx, dw), 8), b.sitofp(isum, _V8f), acc)
             else:
-                res = b.fmul(b.sitofp(_reduce(g, isum), _f32), dw)
+                res = b.fmul(b.sitofp(g.hsum(isum), _f32), dw)
                 acc = _fma(g, res, dx, acc)
             b.store(acc, accs[j])
     for j in range(n):
