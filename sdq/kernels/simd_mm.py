@@ -140,9 +140,58 @@ def _splat_f(g: _Gen, v, count: int):
     return g.lanes(vec, [0] * count)
 
 
+def _hadd(g: _Gen, a, b):
+    """vphaddd: pairwise sums of a and b within each 128-bit half."""
+    return g.b.call(g.fn("llvm.x86.avx2.phadd.d", _V8x32, [_V8x32, _V8x32]), [a, b])
+
+
+def _token_sums(g: _Gen, vs):
+    """<8 x i32> whose lane j is the sum of the lanes of vs[j] (len(vs) <= 8; the lanes past
+    len(vs) are 0): eight horizontal sums in six vphaddd and two shuffles."""
+    zero = ir.Constant(_V8x32, None)
+    v = list(vs) + [zero] * (8 - len(vs))
+    x = [_hadd(g, v[2 * k], v[2 * k + 1]) for k in range(4)]
+    y1, y2 = _hadd(g, x[0], x[1]), _hadd(g, x[2], x[3])
+    lo = g.b.shuffle_vector(y1, y2, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3, 8, 9, 10, 11]))
+    hi = g.b.shuffle_vector(
+        y1, y2, ir.Constant(ir.VectorType(_i32, 8), [4, 5, 6, 7, 12, 13, 14, 15])
+    )
+    return g.b.add(lo, hi)
+
+
+def _token_pairs(g: _Gen, ms):
+    """[4 x <8 x i32>]: vector p holds, in lane j, ms[j][2p] + ms[j][2p+1] (len(ms) <= 8)."""
+    zero = ir.Constant(_V8x32, None)
+    m = list(ms) + [zero] * (8 - len(ms))
+    # h[k] = [a01, a23, b01, b23 | a45, a67, b45, b67] for tokens a = 2k, b = 2k + 1
+    h = [_hadd(g, m[2 * k], m[2 * k + 1]) for k in range(4)]
+    out = []
+    for p in range(4):
+        i0 = p if p < 2 else p + 2  # token 2k's pair p in h[k]; token 2k + 1's is i0 + 2
+        idx4 = ir.Constant(ir.VectorType(_i32, 4), [i0, i0 + 2, 8 + i0, 8 + i0 + 2])
+        s01 = g.b.shuffle_vector(h[0], h[1], idx4)
+        s23 = g.b.shuffle_vector(h[2], h[3], idx4)
+        out.append(
+            g.b.shuffle_vector(s01, s23, ir.Constant(ir.VectorType(_i32, 8), list(range(8))))
+        )
+    return out
+
+
+def _token_vector(g: _Gen, values):
+    """<8 x float> holding values[j] in lane j (0 past len(values))."""
+    v = ir.Constant(_V8f, None)
+    for j, x in enumerate(values):
+        v = g.b.insert_element(v, x, ir.Constant(_i32, j))
+    return v
+
+
 def _emit_k(g: _Gen, n: int, five_bit: bool, order: str) -> None:
     """One row of Q4_K (five_bit False) or Q5_K blocks for a tile of n tokens, summed in
-    ggml's `order` (kquant_ref.py): "vec_dot", "tiled", or Q4_K's repacked "gemv"/"gemm"."""
+    ggml's `order` (kquant_ref.py): "vec_dot", "tiled", or Q4_K's repacked "gemv"/"gemm".
+
+    vec_dot keeps eight float lanes per token; the other orders keep one float per token,
+    the tile's tokens side by side in one vector (lane j: token j), fed by horizontal
+    integer sums taken for all the tile's tokens at once (_token_sums)."""
     bpb = Q5_K_BYTES if five_bit else Q4_K_BYTES  # bytes per block
     qoff = 48 if five_bit else 16  # offset of the 4-bit quants in the block
     b = g.b
@@ -152,13 +201,14 @@ def _emit_k(g: _Gen, n: int, five_bit: bool, order: str) -> None:
     drow = [g.row_off(_D, t) for t in toks]
     brow = [g.row_off(_BS, t) for t in toks]
     lanes = order == "vec_dot"
-    acc_t = _V8f if lanes else _f32
-    accs = [cgutils.alloca_once_value(b, ir.Constant(acc_t, None)) for _ in range(n)]
-    if lanes and not five_bit:  # Q4_K's four min lanes
-        mins_t = ir.VectorType(_f32, 4)
-    else:  # Q5_K's one min sum, the repacked min sum (tiled folds the mins into the block)
-        mins_t = _f32
-    accm = [cgutils.alloca_once_value(b, ir.Constant(mins_t, None)) for _ in range(n)]
+    accs = accm = acc_v = accm_v = None
+    if lanes:  # per token: eight float lanes, and the min term (Q4_K: 4 lanes, Q5_K: 1)
+        acc_t, mins_t = _V8f, (_f32 if five_bit else ir.VectorType(_f32, 4))
+        accs = [cgutils.alloca_once_value(b, ir.Constant(acc_t, None)) for _ in range(n)]
+        accm = [cgutils.alloca_once_value(b, ir.Constant(mins_t, None)) for _ in range(n)]
+    else:  # lane j: token j
+        acc_v = cgutils.alloca_once_value(b, ir.Constant(_V8f, None))
+        accm_v = cgutils.alloca_once_value(b, ir.Constant(_V8f, None))
     m4, one = g.splat(15), g.splat(1)
     with cgutils.for_range(b, nb) as loop:
         blk = loop.index
@@ -170,7 +220,7 @@ def _emit_k(g: _Gen, n: int, five_bit: bool, order: str) -> None:
         qh = g.load(_RAW, g.off(o, 16)) if five_bit else None
         zero = ir.Constant(_V8x32, None)
         sums = [[zero] * _chains(n) for _ in range(n)]  # per token: <8 x i32> running sums
-        pairs = [[] for _ in range(n)]  # gemm: per token, the 4 sub-block pairs' sums
+        pair_sums = []  # gemm: per pair of sub-blocks, <8 x i32> of the tokens' sums
         for p in range(4):  # sub-blocks 2p (low nibbles) and 2p+1 (high) share 32 bytes
             q = g.load(_RAW, g.off(o, qoff + 32 * p))
             lo, hi = b.and_(q, m4), b.lshr(q, g.splat(4))
@@ -181,67 +231,90 @@ def _emit_k(g: _Gen, n: int, five_bit: bool, order: str) -> None:
                 hi = b.or_(hi, b.shl(h1, g.splat(4)))
             s_lo = g.lanes(scales, [2 * p] * 16)
             s_hi = g.lanes(scales, [2 * p + 1] * 16)
+            per_token = []
             for j in range(n):
                 xo = b.add(xrow[j], xb)
                 pl = g.maddubs(lo, g.load(_QS, g.off(xo, 64 * p)))
                 ph = g.maddubs(hi, g.load(_QS, g.off(xo, 64 * p + 32)))
                 if order == "gemm":
-                    pairs[j].append(g.hsum(b.add(g.maddwd(pl, s_lo), g.maddwd(ph, s_hi))))
+                    per_token.append(b.add(g.maddwd(pl, s_lo), g.maddwd(ph, s_hi)))
                     continue
                 k = len(sums[j]) - 1  # 0 or 1
                 sums[j][0] = g.madd_acc(sums[j][0], pl, s_lo)
                 sums[j][k] = g.madd_acc(sums[j][k], ph, s_hi)
+            if order == "gemm":
+                pair_sums.append(_token_sums(g, per_token))
+        dxs = [g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32) for j in range(n)]
+        msums = []  # per token: lane k = m_k * (sum of sub-block k's quants)
         for j in range(n):
-            dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
             bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(_BSUM_BYTES))), _V16x16)
-            msum = g.maddwd(bs16, mins)  # lane k: m_k * (sum of sub-block k's quants)
+            msums.append(g.maddwd(bs16, mins))
+        if lanes:
+            _vec_dot_step(g, five_bit, sums, msums, dxs, dw, dmw, accs, accm)
+        else:
+            _one_float_step(g, order, sums, pair_sums, msums, dxs, dw, dmw, acc_v, accm_v)
+    if lanes:
+        for j in range(n):
             acc, am = b.load(accs[j]), b.load(accm[j])
-            if order == "vec_dot":
-                isum = b.sitofp(_total(b, sums[j]), _V8f)
-                acc = _fma(g, _splat_f(g, b.fmul(dx, dw), 8), isum, acc)
-                dm = b.fneg(b.fmul(dx, dmw))
-                if five_bit:
-                    am = _fma(g, dm, b.sitofp(g.hsum(msum), _f32), am)
-                else:  # lane m: mins 2m and 2m+1
-                    pm = b.add(g.lanes(msum, [0, 2, 4, 6]), g.lanes(msum, [1, 3, 5, 7]))
-                    am = _fma(g, _splat_f(g, dm, 4), b.sitofp(pm, mins_t), am)
-            elif order == "tiled":
-                s1 = b.sitofp(g.hsum(_total(b, sums[j])), _f32)
-                s2 = b.sitofp(g.hsum(msum), _f32)
-                res = _fma(g, b.fneg(dmw), s2, b.fmul(s1, dw))
-                acc = _fma(g, res, dx, acc)
-            else:  # repacked Q4_K
-                sd, sm = b.fmul(dw, dx), b.fmul(dmw, dx)
-                if order == "gemv":
-                    acc = _fma(g, b.sitofp(g.hsum(_total(b, sums[j])), _f32), sd, acc)
-                    am = _fma(g, b.sitofp(g.hsum(msum), _f32), sm, am)
-                else:
-                    for p in range(4):
-                        m0, m1 = (
-                            b.extract_element(msum, ir.Constant(_i32, 2 * p + i)) for i in (0, 1)
-                        )
-                        acc = _fma(g, b.sitofp(pairs[j][p], _f32), sd, acc)
-                        am = _fma(g, b.sitofp(b.add(m0, m1), _f32), sm, am)
-            b.store(acc, accs[j])
-            b.store(am, accm[j])
-    for j in range(n):
-        acc, am = b.load(accs[j]), b.load(accm[j])
-        if order == "vec_dot":
             tot = _hsum8(g, acc)
             if five_bit:
                 tot = b.fadd(tot, am)
             else:
                 m = [b.extract_element(am, ir.Constant(_i32, k)) for k in range(4)]
                 tot = b.fadd(tot, b.fadd(b.fadd(m[0], m[2]), b.fadd(m[1], m[3])))
-        elif order == "tiled":
-            tot = acc
-        else:
-            tot = b.fsub(acc, am)
-        g.store_out(tot, toks[j])
+            g.store_out(tot, toks[j])
+        return
+    res = b.load(acc_v)
+    if order != "tiled":
+        res = b.fsub(res, b.load(accm_v))
+    for j in range(n):
+        g.store_out(b.extract_element(res, ir.Constant(_i32, j)), toks[j])
+
+
+def _vec_dot_step(g: _Gen, five_bit: bool, sums, msums, dxs, dw, dmw, accs, accm) -> None:
+    """vec_dot's block step for each token j: eight float lanes, and the min term (Q4_K: four
+    lanes of two mins each; Q5_K: one float)."""
+    b = g.b
+    for j, dx in enumerate(dxs):
+        acc, am = b.load(accs[j]), b.load(accm[j])
+        isum = b.sitofp(_total(b, sums[j]), _V8f)
+        acc = _fma(g, _splat_f(g, b.fmul(dx, dw), 8), isum, acc)
+        dm = b.fneg(b.fmul(dx, dmw))
+        if five_bit:
+            am = _fma(g, dm, b.sitofp(g.hsum(msums[j]), _f32), am)
+        else:  # lane m: mins 2m and 2m+1
+            pm = b.add(g.lanes(msums[j], [0, 2, 4, 6]), g.lanes(msums[j], [1, 3, 5, 7]))
+            am = _fma(g, _splat_f(g, dm, 4), b.sitofp(pm, am.type), am)
+        b.store(acc, accs[j])
+        b.store(am, accm[j])
+
+
+def _one_float_step(g: _Gen, order: str, sums, pair_sums, msums, dxs, dw, dmw, acc_v, accm_v):
+    """The tiled and repacked block steps, for the tile's tokens at once (lane j: token j)."""
+    b = g.b
+    dx = _token_vector(g, dxs)
+    acc, am = b.load(acc_v), b.load(accm_v)
+    if order == "gemm":  # repacked: one step per pair of sub-blocks
+        sd, sm = b.fmul(g.fsplat(dw), dx), b.fmul(g.fsplat(dmw), dx)
+        for ip, mp in zip(pair_sums, _token_pairs(g, msums), strict=True):
+            acc = _fma(g, b.sitofp(ip, _V8f), sd, acc)
+            am = _fma(g, b.sitofp(mp, _V8f), sm, am)
+    else:
+        s1 = b.sitofp(_token_sums(g, [_total(b, v) for v in sums]), _V8f)
+        s2 = b.sitofp(_token_sums(g, msums), _V8f)
+        if order == "tiled":
+            res = _fma(g, g.fsplat(b.fneg(dmw)), s2, b.fmul(s1, g.fsplat(dw)))
+            acc = _fma(g, res, dx, acc)
+        else:  # repacked gemv: one step per block
+            acc = _fma(g, s1, b.fmul(g.fsplat(dw), dx), acc)
+            am = _fma(g, s2, b.fmul(g.fsplat(dmw), dx), am)
+    b.store(acc, acc_v)
+    b.store(am, accm_v)
 
 
 def _emit_q6_k(g: _Gen, n: int, order: str) -> None:
-    """One row of Q6_K blocks for a tile of n tokens, in ggml's "vec_dot" or "tiled" order.
+    """One row of Q6_K blocks for a tile of n tokens, in ggml's "vec_dot" or "tiled" order
+    (tiled: one float per token, the tile's tokens side by side as in _emit_k).
 
     Q6_K stores q + 32 (unsigned, as ``vpmaddubsw`` wants); as ggml, the excess is taken off
     each integer lane at the end of the block: 32 * (bsum_2k * sc_2k + bsum_2k+1 * sc_2k+1)."""
@@ -251,8 +324,8 @@ def _emit_q6_k(g: _Gen, n: int, order: str) -> None:
     xrow = [g.row_off(_QS, t) for t in toks]
     drow = [g.row_off(_D, t) for t in toks]
     brow = [g.row_off(_BS, t) for t in toks]
-    acc_t = _V8f if order == "vec_dot" else _f32
-    accs = [cgutils.alloca_once_value(b, ir.Constant(acc_t, None)) for _ in range(n)]
+    lanes = order == "vec_dot"
+    accs = [cgutils.alloca_once_value(b, ir.Constant(_V8f, None)) for _ in range(n if lanes else 1)]
     m4, m2 = g.splat(15), g.splat(3)
     with cgutils.for_range(b, nb) as loop:
         blk = loop.index
@@ -279,21 +352,26 @@ def _emit_q6_k(g: _Gen, n: int, order: str) -> None:
                     x = g.load(_QS, g.off(b.add(xrow[j], xb), xo))
                     k = c % len(sums[j])
                     sums[j][k] = g.madd_acc(sums[j][k], g.maddubs(u, x), sv)
+        isums, dxs = [], []
         for j in range(n):
-            dx = g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32)
+            dxs.append(g.load_scalar(_D, b.add(drow[j], b.mul(blk, g.i64(4))), _f32))
             bs16 = g.load(_BS, b.add(brow[j], b.mul(blk, g.i64(_BSUM_BYTES))), _V16x16)
             excess = b.shl(g.maddwd(bs16, scales), ir.Constant(_V8x32, [5] * 8))
-            isum = b.sub(_total(b, sums[j]), excess)
-            acc = b.load(accs[j])
-            if order == "vec_dot":
-                acc = _fma(g, _splat_f(g, b.fmul(dx, dw), 8), b.sitofp(isum, _V8f), acc)
-            else:
-                res = b.fmul(b.sitofp(g.hsum(isum), _f32), dw)
-                acc = _fma(g, res, dx, acc)
-            b.store(acc, accs[j])
+            isums.append(b.sub(_total(b, sums[j]), excess))
+        if lanes:
+            for j in range(n):
+                acc = b.load(accs[j])
+                dd = _splat_f(g, b.fmul(dxs[j], dw), 8)
+                b.store(_fma(g, dd, b.sitofp(isums[j], _V8f), acc), accs[j])
+        else:
+            res = b.fmul(b.sitofp(_token_sums(g, isums), _V8f), g.fsplat(dw))
+            b.store(_fma(g, res, _token_vector(g, dxs), b.load(accs[0])), accs[0])
     for j in range(n):
-        acc = b.load(accs[j])
-        g.store_out(_hsum8(g, acc) if order == "vec_dot" else acc, toks[j])
+        if lanes:
+            tot = _hsum8(g, b.load(accs[j]))
+        else:
+            tot = b.extract_element(b.load(accs[0]), ir.Constant(_i32, j))
+        g.store_out(tot, toks[j])
 
 
 def _chains(n: int) -> int:
