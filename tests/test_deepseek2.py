@@ -16,7 +16,7 @@ from family_support import (
     paged_and_resident,
     teacher_forced_three_ways,
 )
-from llama_support import N_UBATCH, llama
+from llama_support import N_UBATCH, exact_bar, llama
 
 from sdq.format.model import anatomy, open_model
 from sdq.synth.build import build_model
@@ -82,13 +82,16 @@ def test_quantized_teacher_forcing(llama_cpp, qtype):
     # on two machines: Q8_0 first at position 43 on both, Q4_K_M at 29 and at 3. Afterwards
     # positions end ~1-2 % of the largest logit apart, which flips top-1 where the top two
     # nearly tie. llama.cpp does the same against itself: with flash attention it agrees with
-    # its own top-1 on 249/260 and 251/260 positions (Q8_0), 249/260 and 243/260 (Q4_K_M),
-    # so 99 % is out of reach here; sdq measured 255 and 251 (Q8_0), 250 and 250 (Q4_K_M).
-    # The bar: at least llama.cpp's agreement with itself, measured in the same run, and
-    # never below 95 %. (Across ubatch sizes 64 and 1 both agree with themselves exactly.)
+    # its own top-1 on 249/260 and 251/260 positions (Q8_0), 249/260 and 243/260 (Q4_K_M).
+    # sdq measured 250-258 while some of its ops rounded otherwise. Where llama.cpp is an
+    # AVX512 build, sdq now rounds as it does in every op (MLA's YaRN angles and factor with
+    # GCC's FMAs, wk_b's product as ggml_vec_dot_f32 on the strided q_nope, 3-D weights
+    # never repacked): 260/260 in both types, bit-identical, and the bar is 99 %. Elsewhere:
+    # at least llama.cpp's agreement with itself, measured in the same run, and never below
+    # 95 %. (Across ubatch sizes 64 and 1 both agree with themselves exactly.)
     assert err[:2].max() < 1e-5, f"first positions differ: {err[:2].max():.2e}"
     assert self_agree < 0.99, f"llama.cpp agrees with itself on {self_agree:.3f}"
-    assert agree >= max(0.95, self_agree), f"top-1 agreement {agree:.3f} ({self_agree:.3f})"
+    assert agree >= exact_bar(max(0.95, self_agree)), f"top-1 {agree:.3f} ({self_agree:.3f})"
 
 
 @pytest.mark.parametrize("n_ubatch", [1, 16])

@@ -1,4 +1,4 @@
-"""Cached kernels are dropped when the intrinsic sources they inline change."""
+"""Cached kernels are dropped when a module of sdq.kernels (whose helpers they inline) changes."""
 
 from __future__ import annotations
 

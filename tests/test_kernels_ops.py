@@ -35,20 +35,18 @@ def test_fma32_rounds_once():
 
 
 def test_fma32_ref_rounds_once_as_the_instruction():
-    """kquant_ref.fma32_ref (NumPy, float64 with a round-to-odd step) equals the FMA
+    """ops.fma32_ref (NumPy, float64 with a round-to-odd step) equals the FMA
     instruction, including a sum that float64 alone would round twice: 1 + 2^-11 + 2^-24 +
     2^-60 lies just above a float32 midpoint that float64 cannot hold apart from it."""
-    from sdq.kernels.kquant_ref import fma32_ref
-
     a, c = np.float32(1 + 2**-12), np.float32(2**-60)
     want = np.float32(1 + 2**-11 + 2**-23)
     assert _fma(a, a, c) == want
-    assert fma32_ref(a, a, c) == want
+    assert ops.fma32_ref(a, a, c) == want
     assert np.float32(np.float64(a) * np.float64(a) + np.float64(c)) != want  # twice: wrong
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 20_000)).astype(np.float32) * np.float32(1e3)
     x[2] = -x[0] * x[1] * (1 + rng.standard_normal(20_000).astype(np.float32) * 1e-6)
-    got = fma32_ref(x[0], x[1], x[2])
+    got = ops.fma32_ref(x[0], x[1], x[2])
     want = np.array([_fma(p, q, r) for p, q, r in x.T], np.float32)
     np.testing.assert_array_equal(got, want)
 

@@ -624,13 +624,17 @@ def matmul_q(
     out: np.ndarray,
     portable: bool = False,
     per_row: bool = False,
+    repack: bool = True,
 ) -> None:
     """out[T, rows] = X @ W.T for activations already converted by quantize_activation.
 
     ``portable=True`` forces the plain-Numba kernels even where the SIMD ones can run (the
     two give identical results; tests compare them). ``per_row=True``: F32 weights are
     multiplied one dot product per row and token as ggml's mul_mat_id does for experts
-    (ggml's mul_mat of 2+ tokens takes tinyBLAS instead, which sums in another order)."""
+    (ggml's mul_mat of 2+ tokens takes tinyBLAS instead, which sums in another order), and
+    K-quant weights as one expert of mul_mat_id (simd_mm.product_order). ``repack=False``:
+    the weights are one slice of a 3-D tensor multiplied by ggml's batched mul_mat, which
+    ggml does not repack (K-quants never take the repacked Q4_K order)."""
     qt = qtype_of(qtype, compute=True)
     if qx.cols != cols:
         raise ValueError(f"activation length {qx.cols} != weight columns {cols}")
@@ -646,17 +650,17 @@ def matmul_q(
     if threads > 1 and rows * cols * qx.T < PARALLEL_MIN_WORK:
         numba.set_num_threads(1)
         try:
-            _call(kern, args, flat, rows, cols, qx, out2, 1, per_row)
+            _call(kern, args, flat, rows, cols, qx, out2, 1, per_row, repack)
         finally:
             numba.set_num_threads(threads)
     else:
         nch = min(rows, threads * CHUNKS_PER_THREAD)
-        _call(kern, args, flat, rows, cols, qx, out2, nch, per_row)
+        _call(kern, args, flat, rows, cols, qx, out2, nch, per_row, repack)
 
 
-def _call(kern, args, flat, rows, cols, qx, out2, nch, per_row=False):
+def _call(kern, args, flat, rows, cols, qx, out2, nch, per_row, repack):
     if args in ("k4", "k"):  # K-quants: Q8_K activations, ggml's order for this product
-        order, ngemm = product_order(args == "k4", rows, qx.T, per_row)
+        order, ngemm = product_order(args == "k4", rows, qx.T, per_row, repack)
         if args == "k4":
             kern(flat, rows, cols, qx.qs, qx.d, qx.bsums, out2, nch, order, ngemm)
         else:

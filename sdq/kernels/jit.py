@@ -49,10 +49,10 @@ def inline(fn):
     return njit(inline="always", cache=True, nogil=True)(fn)
 
 
-# Files of LLVM IR intrinsics that kernels inline. Numba keys a cached kernel on the
-# contents of the kernel's own file only, so after a change to one of these a kernel
-# cached earlier would be loaded unchanged.
-INTRINSIC_SOURCES = ("simd.py", "simd_mm.py")
+# Numba keys a cached kernel on the contents of the kernel's own file only, but kernels
+# inline helpers and LLVM IR intrinsics from other modules of this folder (ops.dot_f32 in
+# dot.py, simd_mm's tiles in expert.py, ...), so after a change to any of them a kernel
+# cached earlier would be loaded unchanged: the stamp covers every module here.
 _STAMP = "sdq-intrinsics.sha256"
 
 
@@ -61,9 +61,11 @@ def _cache_marker() -> int:  # never called: only its cache folder is asked for
 
 
 def drop_stale_cache(cache_dir: Path | None = None) -> bool:
-    """Remove this package's cached kernels when the intrinsic sources changed since they
-    were cached (a hash of them is kept beside the cache); returns True if it did. Kernels
-    then compile again on first use. Errors (e.g. a read-only install) are ignored.
+    """Remove this package's cached kernels when a module of sdq.kernels changed since they
+    were cached (a hash of the modules is kept beside the cache); returns True if it did.
+    Kernels then compile again on first use, those of the sibling packages too (sdq.run
+    inlines these helpers): with the default cache folder, every ``sdq/*/__pycache__``.
+    Errors (e.g. a read-only install) are ignored.
 
     Called by `make test` and `make reproduce` before any kernel compiles (`make
     kernel-cache`), never at import time.
@@ -76,15 +78,18 @@ def drop_stale_cache(cache_dir: Path | None = None) -> bool:
         except AttributeError:
             return False
     here = Path(__file__).parent
-    digest = hashlib.sha256(b"".join((here / n).read_bytes() for n in INTRINSIC_SOURCES))
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(here.glob("*.py"))))
     stamp = cache_dir / _STAMP
     try:
         if stamp.read_text() == digest.hexdigest():
             return False
     except OSError:
         pass
+    dirs = [cache_dir]
+    if cache_dir.name == "__pycache__" and cache_dir.parent == here:
+        dirs += [d for d in here.parent.glob("*/__pycache__") if d != cache_dir]
     try:
-        for f in cache_dir.glob("*.nb[ic]"):
+        for f in (f for d in dirs for f in d.glob("*.nb[ic]")):
             f.unlink(missing_ok=True)
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f"{_STAMP}.{os.getpid()}.tmp"

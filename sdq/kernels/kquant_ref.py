@@ -35,25 +35,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from sdq.format.quants import qtype_of
+from sdq.kernels.ops import fma32_ref
 from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, QK_K, _blocks, _f16, _kscales_ref, _q4_nibbles
 from sdq.kernels.simd_mm import REPACKED, TILED, product_order
-
-
-def fma32_ref(a, b, c) -> np.ndarray:
-    """a * b + c rounded once to float32, elementwise.
-
-    a * b is exact in float64; the float64 sum s and its exact error e (TwoSum) are rounded
-    to odd (s moved one float64 ulp towards e when e != 0 and s is even), and a value rounded
-    to odd with 29 spare bits rounds to float32 exactly as the infinitely precise sum would."""
-    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
-    c = np.asarray(c, np.float64)
-    s = p + c
-    bb = s - p
-    e = (p - (s - bb)) + (c - bb)
-    even = (s.view(np.int64) & 1) == 0
-    nudge = (e != 0) & even
-    s = np.where(nudge, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
-    return s.astype(np.float32)
 
 
 def hsum8_ref(v) -> np.ndarray:
@@ -97,14 +81,14 @@ def _weights(flat, qt, rows, nb):
     return w, d, dmin, mn.reshape(rows, nb, 8), None
 
 
-def kquant_matmul_ref(flat, qtype, rows: int, cols: int, qs, d, bsums, per_expert=False):
+def kquant_matmul_ref(flat, qtype, rows: int, cols: int, qs, d, bsums, per_row=False, repack=True):
     """out [T, rows] of K-quant weight bytes times Q8_K activations (qs int8 [T, cols],
     d f32 [T, nb], bsums int16 [T, cols/16]) in the order ggml's x86 build takes for this
     product (simd_mm.product_order: mul_mat, or mul_mat_id's product for one expert)."""
     qt = qtype_of(qtype, compute=True)
     nb = cols // QK_K
     T = qs.shape[0]
-    order, ngemm = product_order(qt is QT.Q4_K, rows, T, per_expert)
+    order, ngemm = product_order(qt is QT.Q4_K, rows, T, per_row, repack)
     w, dw, dmw, mins, sc6 = _weights(flat, qt, rows, nb)
     x = np.asarray(qs).reshape(T, nb, QK_K)
     dx = np.asarray(d, np.float32)[:, None, :]  # [T, 1, nb]

@@ -23,6 +23,7 @@ from gguf.constants import GGMLQuantizationType
 from sdq.format.quants import block_facts
 from sdq.kernels.dot import CHUNKS_PER_THREAD, PARALLEL_MIN_WORK
 from sdq.kernels.jit import kernel
+from sdq.kernels.ops import fma32, fma32_ref
 from sdq.kernels.simd import HAVE_AVX2, dot_mxfp4
 
 QK_MXFP4 = int(block_facts(GGMLQuantizationType.MXFP4).block_size)  # 32 values
@@ -89,7 +90,7 @@ def _matmul(w, kv, hs, xq, xd, out):  # w uint8 [R, NB*17]; xq int8 [T, C]; xd f
                     q = w[r, o + 1 + j]
                     s1 += np.int32(xq[t, b * 32 + j]) * np.int32(kv[q & 0x0F])
                     s2 += np.int32(xq[t, b * 32 + 16 + j]) * np.int32(kv[q >> 4])
-                acc += d * np.float32(s1 + s2)
+                acc = fma32(np.float32(s1 + s2), d, acc)
             out[t, r] = acc
 
 
@@ -107,7 +108,7 @@ def _matmul_simd(w, hs, xq, xd, out, nch):  # as _matmul, one AVX2 block product
                 scale = hs[flat[o]]
                 for t in range(T):
                     isum = dot_mxfp4(flat, o, xq, t * nb * 32 + b * 32)
-                    acc[t] += (xd[t, b] * scale) * np.float32(isum)
+                    acc[t] = fma32(np.float32(isum), xd[t, b] * scale, acc[t])
             for t in range(T):
                 out[t, r] = acc[t]
 
@@ -119,7 +120,10 @@ def matmul(
     Q8_0 (sdq.kernels.act_quant.QActivation of qtype Q8_0). Where the CPU has AVX2 the block
     products use vpshufb + vpmaddubsw (sdq.kernels.simd.dot_mxfp4), else plain Numba;
     ``portable=True`` forces the latter. Both sum each row's blocks in the same order: the
-    same floats."""
+    same floats, and those of ggml's x86 build for weights it repacks (rows % 8 == 0, as an
+    expert's rows are: gemv/gemm_mxfp4_8x8_q8_0, one FMA per block,
+    ``acc = fma(isum, e * d_x, acc)``). Other row counts take ggml's vec_dot_mxfp4_q8_0,
+    which sums in eight lanes over alternate blocks: there the two agree to float rounding."""
     if cols % QK_MXFP4 or qx.cols != cols:
         raise ValueError(f"MXFP4 product: {cols} weight columns, {qx.cols} activations")
     w = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
@@ -149,8 +153,8 @@ def matmul_ref(raw: np.ndarray, rows: int, cols: int, xq: np.ndarray, xd: np.nda
     T = xq.shape[0]
     x = xq.reshape(T, -1, 32).astype(np.int32)  # [T, NB, 32]
     sums = np.einsum("rbj,tbj->trb", codes, x).astype(np.float32)  # [T, R, NB]
-    scaled = (xd[:, None, :] * d[None, :, :]).astype(np.float32) * sums  # [T, R, NB]
+    scale = (xd[:, None, :] * d[None, :, :]).astype(np.float32)  # [T, R, NB]
     out = np.zeros((T, rows), np.float32)
-    for b in range(scaled.shape[2]):  # block order, float32 sums as the kernel
-        out += scaled[:, :, b]
+    for b in range(scale.shape[2]):  # block order, one FMA per block as the kernel
+        out = fma32_ref(sums[:, :, b], scale[:, :, b], out)
     return out

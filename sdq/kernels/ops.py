@@ -15,12 +15,14 @@ Arithmetic follows ggml's CPU ops where it matters for agreement with llama.cpp:
 
 ggml's x86 float primitives, for the kernels that must round as llama.cpp does (these compile
 without fastmath; LLVM must not contract or reorder their float operations):
-- fma32: a * b + c rounded once (ggml's SIMD code and GCC's contracted `s += a * b` use FMA);
+- fma32: a * b + c rounded once (ggml's SIMD code and GCC's contracted `s += a * b` use FMA),
+  and fma32_ref, the same in NumPy (for tables computed outside the kernels);
 - expf_simd: ggml_v_expf of an AVX512 build (a polynomial, within ~1.5 ulp of exp, not libm's
   expf), which ggml's silu, swiglu and softmax use on each whole group of 16 values of a row;
   the rest of the row uses libm's expf;
 - dot_f32: ggml_vec_dot_f32 of an AVX512 build: 4 x 16 float lanes with FMA per 64 values,
-  the lanes summed as GCC's _mm512_reduce_add_ps, the remainder added one FMA at a time;
+  the lanes summed as GCC's _mm512_reduce_add_ps, the remainder added one product at a time
+  (multiplied, then added: no FMA);
 - tinyBLAS (llamafile's sgemm, which ggml uses for F32 products of 2 or more tokens when the
   rows are a multiple of 4 and the columns of 16): 16 lanes with FMA, then the same sum.
 
@@ -31,6 +33,7 @@ except attention's per-head score rows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
@@ -101,6 +104,23 @@ def expf_simd(x):
     return scale2(j, np.int64(n))  # scalef: one rounding
 
 
+def fma32_ref(a, b, c) -> np.ndarray:
+    """a * b + c rounded once to float32, elementwise.
+
+    a * b is exact in float64; the float64 sum s and its exact error e (TwoSum) are rounded
+    to odd (s moved one float64 ulp towards e when e != 0 and s is even), and a value rounded
+    to odd with 29 spare bits rounds to float32 exactly as the infinitely precise sum would."""
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c = np.asarray(c, np.float64)
+    s = p + c
+    bb = s - p
+    e = (p - (s - bb)) + (c - bb)
+    even = (s.view(np.int64) & 1) == 0
+    nudge = (e != 0) & even
+    s = np.where(nudge, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
 @inline
 def silu_at(x, simd):
     """silu(x) as ggml computes it: with expf_simd in a whole group of 16 (simd), else expf."""
@@ -131,8 +151,8 @@ def dot_f32(x, y, acc):
     for i in range(16):  # the 4 vectors: (0 + 2) + (1 + 3), lane by lane
         acc[i] = (acc[i] + acc[32 + i]) + (acc[16 + i] + acc[48 + i])
     s = reduce16(acc, 0)
-    for i in range(m, n):
-        s = fma32(x[i], y[i], s)
+    for i in range(m, n):  # not fused: ggml's vec.cpp leaves `sumf += x[i]*y[i]` as written
+        s = s + x[i] * y[i]
     return s
 
 
@@ -171,18 +191,49 @@ def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 # RoPE, NEOX style (qwen3): dimension i is rotated with dimension i + Dh/2.
 
 
-def rope_tables(positions: np.ndarray, freq_base: float, Dh: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [T, Dh/2] float32 for rope_neox, computed as ggml's rope cache does:
-    theta_0 = pos, theta_(i+1) = theta_i * base^(-2/Dh) in float32, then libm's cosf / sinf."""
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN's parameters as ggml's rope op takes them (float32 values)."""
+
+    freq_scale: float  # 1 / factor
+    ext_factor: float  # 0: plain interpolation by freq_scale
+    attn_factor: float  # magnitude factor handed to the op
+    corr_low: float  # the ramp: pure extrapolation below corr_low ...
+    corr_high: float  # ... pure interpolation above corr_high
+
+
+def rope_tables(positions: np.ndarray, freq_base: float, Dh: int, yarn: Yarn | None = None):
+    """cos, sin [T, Dh/2] float32 for rope_neox / rope_norm, computed as ggml's rope cache:
+    theta_0 = pos, theta_(i+1) = theta_i * base^(-2/Dh) in float32, then libm's cosf / sinf.
+    With YaRN (rope_yarn): theta interpolated by freq_scale, mixed with the extrapolated
+    angle by the ramp, and cos/sin times the magnitude factor; GCC contracts ggml's
+    ``interp * (1 - mix) + extrap * mix`` and ``1 + 0.1 * logf(1 / freq_scale)`` into FMAs
+    (the first product fused, the second rounded), and so does this."""
+    f32 = np.float32
     half = Dh // 2
-    step = np.float32(freq_base) ** np.float32(-2.0 / Dh)
-    theta = np.empty((len(positions), half), dtype=np.float32)
+    step = f32(freq_base) ** f32(-2.0 / Dh)
+    theta = np.empty((len(positions), half), dtype=np.float32)  # [T, Dh/2]
     theta[:, 0] = np.asarray(positions, dtype=np.float32)
     for i in range(1, half):
         theta[:, i] = theta[:, i - 1] * step
+    mscale = f32(1.0)
+    if yarn is not None:
+        extrap = theta
+        theta = f32(yarn.freq_scale) * extrap  # interpolated
+        mscale = f32(yarn.attn_factor)
+        if yarn.ext_factor != 0:
+            i = np.arange(half, dtype=np.float32)
+            y = (i - f32(yarn.corr_low)) / max(f32(0.001), f32(yarn.corr_high - yarn.corr_low))
+            mix = (f32(1) - np.clip(y, f32(0), f32(1))).astype(np.float32) * f32(yarn.ext_factor)
+            theta = fma32_ref(theta, f32(1) - mix, extrap * mix)
+            ln_inv = logf(f32(1) / f32(yarn.freq_scale))
+            mscale = f32(mscale * fma32_ref(f32(0.1), ln_inv, f32(1)))
+    theta = np.ascontiguousarray(theta, np.float32)
     cos, sin = np.empty_like(theta), np.empty_like(theta)
     cos_sin(theta, cos, sin)
-    return cos, sin
+    if yarn is None:
+        return cos, sin
+    return (cos * mscale).astype(np.float32), (sin * mscale).astype(np.float32)
 
 
 @kernel
@@ -190,6 +241,16 @@ def _cos_sin(theta, cos, sin):  # flat views
     for i in range(theta.size):
         cos[i] = math.cos(theta[i])  # float32: libm's cosf (NumPy's own cos differs in ulps)
         sin[i] = math.sin(theta[i])
+
+
+@kernel
+def _logf(x):
+    return math.log(x)  # float32: libm's logf
+
+
+def logf(x) -> np.float32:
+    """libm's logf of a float32 scalar (ggml's YaRN factors use it)."""
+    return np.float32(_logf(np.float32(x)))
 
 
 def cos_sin(theta: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:

@@ -149,6 +149,8 @@ def _token_sums(g: _Gen, vs):
     """<8 x i32> whose lane j is the sum of the lanes of vs[j] (len(vs) <= 8; the lanes past
     len(vs) are 0): eight horizontal sums in six vphaddd and two shuffles."""
     zero = ir.Constant(_V8x32, None)
+    if len(vs) == 1:  # decode: one horizontal sum
+        return g.b.insert_element(zero, g.hsum(vs[0]), ir.Constant(_i32, 0))
     v = list(vs) + [zero] * (8 - len(vs))
     x = [_hadd(g, v[2 * k], v[2 * k + 1]) for k in range(4)]
     y1, y2 = _hadd(g, x[0], x[1]), _hadd(g, x[2], x[3])
@@ -157,6 +159,19 @@ def _token_sums(g: _Gen, vs):
         y1, y2, ir.Constant(ir.VectorType(_i32, 8), [4, 5, 6, 7, 12, 13, 14, 15])
     )
     return g.b.add(lo, hi)
+
+
+def _two_sums(g: _Gen, a, c):
+    """(<8 x float>, <8 x float>) holding in lane 0 the integer sums of a and of c."""
+    h = _hadd(g, a, c)  # [a01, a23, c01, c23 | a45, a67, c45, c67]
+    h = _hadd(g, h, h)  # [a0-3, c0-3, a0-3, c0-3 | a4-7, c4-7, ...]
+    idx = ir.Constant(ir.VectorType(_i32, 8), [0, 1, 0, 0, 0, 0, 0, 0])
+    lo = g.b.shuffle_vector(h, h, idx)
+    hi = g.b.shuffle_vector(h, h, ir.Constant(ir.VectorType(_i32, 8), [4, 5, 4, 4, 4, 4, 4, 4]))
+    t = g.b.sitofp(g.b.add(lo, hi), _V8f)  # lane 0: sum of a, lane 1: sum of c
+    s_a = g.b.shuffle_vector(t, t, ir.Constant(ir.VectorType(_i32, 8), [0] * 8))
+    s_c = g.b.shuffle_vector(t, t, ir.Constant(ir.VectorType(_i32, 8), [1] * 8))
+    return s_a, s_c
 
 
 def _token_pairs(g: _Gen, ms):
@@ -300,8 +315,11 @@ def _one_float_step(g: _Gen, order: str, sums, pair_sums, msums, dxs, dw, dmw, a
             acc = _fma(g, b.sitofp(ip, _V8f), sd, acc)
             am = _fma(g, b.sitofp(mp, _V8f), sm, am)
     else:
-        s1 = b.sitofp(_token_sums(g, [_total(b, v) for v in sums]), _V8f)
-        s2 = b.sitofp(_token_sums(g, msums), _V8f)
+        if len(sums) == 1:  # decode: both horizontal sums in one vphaddd sequence
+            s1, s2 = _two_sums(g, _total(b, sums[0]), msums[0])
+        else:
+            s1 = b.sitofp(_token_sums(g, [_total(b, v) for v in sums]), _V8f)
+            s2 = b.sitofp(_token_sums(g, msums), _V8f)
         if order == "tiled":
             res = _fma(g, g.fsplat(b.fneg(dmw)), s2, b.fmul(s1, g.fsplat(dw)))
             acc = _fma(g, res, dx, acc)
@@ -432,13 +450,14 @@ VEC_DOT, TILED, REPACKED = 0, 1, 2
 TILED_MIN_TOKENS = 8
 
 
-def product_order(qtype_is_q4_k: bool, rows: int, tokens: int, per_expert: bool):
+def product_order(qtype_is_q4_k: bool, rows: int, tokens: int, per_row: bool, repack=True):
     """(order, ngemm) ggml's x86 build uses for a K-quant product of `rows` weight rows and
-    `tokens` tokens: repacked Q4_K (rows % 8 == 0; mul_mat's leading multiple of 4 tokens in
-    the gemm order, the rest and every expert product in the gemv order), else its tiled
-    kernel from TILED_MIN_TOKENS tokens, else vec_dot."""
-    if qtype_is_q4_k and rows % 8 == 0:
-        return REPACKED, 0 if per_expert else tokens - tokens % 4
+    `tokens` tokens: repacked Q4_K (rows % 8 == 0, and `repack`: weights ggml repacks at
+    load, 2-D matrices and 3-D expert tensors; mul_mat's leading multiple of 4 tokens in the
+    gemm order, the rest and every per_row (mul_mat_id) product in the gemv order), else its
+    tiled kernel from TILED_MIN_TOKENS tokens, else vec_dot."""
+    if qtype_is_q4_k and repack and rows % 8 == 0:
+        return REPACKED, 0 if per_row else tokens - tokens % 4
     return (TILED if tokens >= TILED_MIN_TOKENS else VEC_DOT), 0
 
 

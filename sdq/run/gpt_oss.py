@@ -124,31 +124,16 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, 
 
 
 def yarn_tables(positions: np.ndarray, rope: YarnRope, freq_base: float):
-    """cos, sin [T, Dh/2] float32 for ops.rope_neox, as ggml's rope cache with YaRN: theta
-    runs pos * base^(-2i/Dh) in float32, interpolated by freq_scale where the ramp says,
-    then cos/sin times the magnitude factor."""
-    f32 = np.float32
-    half = rope.n_dims // 2
-    step = f32(freq_base) ** f32(-2.0 / rope.n_dims)
-    extrap = np.empty((len(positions), half), np.float32)  # [T, Dh/2]
-    extrap[:, 0] = np.asarray(positions, np.float32)
-    for i in range(1, half):
-        extrap[:, i] = extrap[:, i - 1] * step
-    interp = f32(rope.freq_scale) * extrap  # [T, Dh/2]
-    mscale = f32(rope.attn_factor)
-    theta = interp
+    """cos, sin [T, Dh/2] float32 for ops.rope_neox, as ggml's rope cache with YaRN
+    (ops.rope_tables): theta runs pos * base^(-2i/Dh) in float32, interpolated by
+    freq_scale where the ramp says, then cos/sin times the magnitude factor."""
+    low, high = 0.0, 0.0
     if rope.ext_factor != 0.0:
         low, high = yarn_corr_dims(
             rope.n_dims, rope.n_ctx_orig, freq_base, rope.beta_fast, rope.beta_slow
         )
-        i = np.arange(half, dtype=np.float32)
-        y = (i - f32(low)) / f32(max(0.001, high - low))
-        ramp = (f32(1) - np.minimum(f32(1), np.maximum(f32(0), y))) * f32(rope.ext_factor)
-        theta = interp * (f32(1) - ramp) + extrap * ramp
-        mscale = mscale * (f32(1) + f32(0.1) * np.log(f32(1) / f32(rope.freq_scale)))
-    cos, sin = np.empty_like(theta), np.empty_like(theta)
-    ops.cos_sin(theta, cos, sin)  # libm's cosf / sinf, as ggml
-    return cos * mscale, sin * mscale
+    yarn = ops.Yarn(rope.freq_scale, rope.ext_factor, rope.attn_factor, low, high)
+    return ops.rope_tables(positions, freq_base, rope.n_dims, yarn)
 
 
 # --- kernels -------------------------------------------------------------------------------
@@ -262,8 +247,8 @@ def expert_matmul(raw, qtype: int, rows: int, cols: int, x: np.ndarray, out: np.
     """out [n, rows] = x [n, cols] W.T for an expert matrix of any supported type."""
     if int(qtype) == MXFP4:
         mxfp4.matmul(raw, rows, cols, quantize_activation(x, GGMLQuantizationType.Q8_0), out)
-    else:
-        matmul_q(raw, qtype, rows, cols, quantize_activation(x, qtype), out)
+    else:  # one expert of ggml's mul_mat_id
+        matmul_q(raw, qtype, rows, cols, quantize_activation(x, qtype), out, per_row=True)
 
 
 # --- weights -------------------------------------------------------------------------------

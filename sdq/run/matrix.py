@@ -21,9 +21,15 @@ class Matrix:
     qtype: int
     rows: int
     cols: int
+    # How ggml multiplies it (dot.matmul_q): one dot product per row and token (an F32
+    # weight times strided activations), and whether ggml repacks it (3-D tensors: no)
+    per_row: bool = False
+    repack: bool = True
 
     def mul(self, acts: Activations, out: np.ndarray) -> None:  # X [T, cols] -> out [T, rows]
-        matmul_q(self.raw, self.qtype, self.rows, self.cols, acts.of(self.qtype), out)
+        qx = acts.of(self.qtype)
+        matmul_q(self.raw, self.qtype, self.rows, self.cols, qx, out, per_row=self.per_row,
+                 repack=self.repack)  # fmt: skip
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:  # [n] -> [n, cols] f32
         return dequantize(self.raw[ids], self.qtype, len(ids), self.cols)

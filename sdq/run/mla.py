@@ -100,8 +100,10 @@ def load_layers(model, matrix, vector, dense_ffn, shared_expert) -> list[MlaLaye
             wq_b=matrix(p + "attn_q_b.weight") if low_rank else None,
             wkv_a=matrix(p + "attn_kv_a_mqa.weight"),
             kv_a_norm=vector(p + "attn_kv_a_norm.weight"),
-            wk_b=per_head(matrix(p + "attn_k_b.weight"), H),
-            wv_b=per_head(matrix(p + "attn_v_b.weight"), H),
+            # ggml: wk_b times the permuted (strided) q_nope: one dot per row and token;
+            # wv_b times the attention's contiguous output: as any mul_mat
+            wk_b=per_head(matrix(p + "attn_k_b.weight"), H, per_row=True),
+            wv_b=per_head(matrix(p + "attn_v_b.weight"), H, per_row=False),
             wo=matrix(p + "attn_output.weight"),
         )
         dense = il < spec.n_dense_lead
@@ -133,13 +135,22 @@ def load_layers(model, matrix, vector, dense_ffn, shared_expert) -> list[MlaLaye
     return layers
 
 
-def per_head(mat, H: int) -> list:
+def per_head(mat, H: int, per_row: bool) -> list:
     """A 3-D tensor [H, rows, cols] (ggml [cols, rows, H]) as H matrices [rows, cols] that
-    share its bytes (rows of one head are contiguous in any type)."""
+    share its bytes (rows of one head are contiguous in any type); ggml does not repack
+    3-D weights of a mul_mat."""
     rows = mat.rows // H
     raw = mat.raw.reshape(mat.rows, -1)  # [H*rows, cols] floats or [H*rows, row bytes]
     return [
-        type(mat)(f"{mat.name}[{h}]", raw[h * rows : (h + 1) * rows], mat.qtype, rows, mat.cols)
+        type(mat)(
+            f"{mat.name}[{h}]",
+            raw[h * rows : (h + 1) * rows],
+            mat.qtype,
+            rows,
+            mat.cols,
+            per_row=per_row,
+            repack=False,
+        )  # fmt: skip
         for h in range(H)
     ]
 
@@ -203,26 +214,9 @@ def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, m) -> tuple[float, flo
 def rope_tables(spec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [T, P/2] float32 for ops.rope_norm, with YaRN's interpolation ramp and
     magnitude factor folded in, computed as ggml's RoPE cache does."""
-    m, f32 = spec.mla, np.float32
     sc = rope_scaling(spec)
-    half = m.rope_dim // 2
-    step = f32(spec.rope_base) ** f32(-2.0 / m.rope_dim)
-    extrap = np.empty((len(positions), half), np.float32)  # [T, P/2]
-    extrap[:, 0] = np.asarray(positions, np.float32)
-    for i in range(1, half):
-        extrap[:, i] = extrap[:, i - 1] * step
-    theta = f32(sc.freq_scale) * extrap  # [T, P/2] interpolated
-    mscale = f32(sc.attn_factor)
-    if sc.ext_factor != 0:
-        i = np.arange(half, dtype=np.float32)
-        y = (i - f32(sc.corr_low)) / max(f32(0.001), f32(sc.corr_high - sc.corr_low))
-        mix = (f32(1.0) - np.clip(y, 0, 1)).astype(np.float32) * f32(sc.ext_factor)  # [P/2]
-        theta = theta * (f32(1.0) - mix) + extrap * mix
-        mscale = f32(mscale * (f32(1.0) + f32(0.1) * f32(math.log(f32(1.0) / f32(sc.freq_scale)))))
-    theta = np.ascontiguousarray(theta, np.float32)
-    cos, sin = np.empty_like(theta), np.empty_like(theta)
-    ops.cos_sin(theta, cos, sin)  # libm's cosf / sinf, as ggml
-    return (cos * mscale).astype(np.float32), (sin * mscale).astype(np.float32)
+    yarn = ops.Yarn(sc.freq_scale, sc.ext_factor, sc.attn_factor, sc.corr_low, sc.corr_high)
+    return ops.rope_tables(positions, spec.rope_base, spec.mla.rope_dim, yarn)
 
 
 # --- the block -------------------------------------------------------------------------------
