@@ -882,10 +882,11 @@ def teacher_forced(
     Free-running greedy decoding cannot measure agreement: on a synthetic model's nearly flat
     logits the two best tokens often nearly tie, a last-bit difference between the engines
     picks the other one, and from there each engine reads its own text. Here llama.cpp (a
-    fresh child, weights in RAM, logits of every position) reads the prompt and continues it
-    greedily to `positions` tokens; sdq (another child, every expert resident) and llama.cpp
-    with its default KV cache read exactly those tokens. At every position each gives its
-    logits for the next token.
+    fresh child, weights in RAM) reads the prompt and continues it greedily to `positions`
+    tokens; then it, sdq (another child, every expert resident) and llama.cpp with its default
+    KV cache read exactly those tokens in ubatches of the same size (ggml's float order for a
+    product depends on how many tokens it takes, and sdq follows it). At every position each
+    gives its logits for the next token.
 
     Two llama.cpp settings: `llama` keeps its KV cache in F32, as sdq does (so a difference is
     one of the engines' arithmetic, as in tests/test_llama_parity); `llama_f16kv` keeps
@@ -966,14 +967,16 @@ def logits_child(job: dict) -> dict:
         llm = open_llama(
             s.model, n_ctx=s.ctx, n_ubatch=s.ubatch, threads=s.threads, logits_all=True, **kv
         )
-        if tokens:
-            llm.eval(tokens)
-        else:
+        if not tokens:
             tokens = [int(t) for t in s.prompt_ids]
             llm.eval(tokens)
             while len(tokens) < n:  # greedy, one token at a time, as generation does
                 tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
                 llm.eval(tokens[-1:])
+            # then read the whole sequence again, in ubatches as the other children do:
+            # ggml's product orders depend on how many tokens a product takes
+            llm.reset()
+        llm.eval(tokens)
         logits = np.array(llm.scores[:n], dtype=np.float32)  # [N, V]
         llm.close()
     else:
