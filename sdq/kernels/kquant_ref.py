@@ -36,7 +36,16 @@ from gguf import GGMLQuantizationType as QT
 
 from sdq.format.quants import qtype_of
 from sdq.kernels.ops import fma32_ref
-from sdq.kernels.quant import Q4_K_BYTES, Q5_K_BYTES, QK_K, _blocks, _f16, _kscales_ref, _q4_nibbles
+from sdq.kernels.quant import (
+    Q4_K_BYTES,
+    Q5_K_BYTES,
+    Q6_K_BYTES,
+    QK_K,
+    _blocks,
+    _f16,
+    _kscales_ref,
+    _q4_nibbles,
+)
 from sdq.kernels.simd_mm import REPACKED, TILED, product_order
 
 
@@ -67,7 +76,7 @@ def _weights(flat, qt, rows, nb):
         q = lo.reshape(-1, QK_K) | (hi.reshape(-1, QK_K) << 4)  # q + 32, unsigned
         sc = blk[:, 192:208].view(np.int8).astype(np.int32)  # [rows * nb, 16]
         w = q * np.repeat(sc, 16, axis=1)
-        d = _f16(blk[:, 208:210])
+        d = _f16(blk[:, 208:Q6_K_BYTES])
         return (w.reshape(rows, nb, QK_K), d.reshape(rows, nb), None, None,
                 sc.reshape(rows, nb, 16))  # fmt: skip
     d, dmin = _f16(blk[:, 0:2]).reshape(rows, nb), _f16(blk[:, 2:4]).reshape(rows, nb)
