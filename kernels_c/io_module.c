@@ -7,6 +7,8 @@
  *       reads: C-contiguous int64 array [R, 7]: fd, offset, length, need, dest, task, group
  *       rows of one task are consecutive and share one group; groups are 0..G-1.
  *       keepalive: object kept alive until the batch is freed (the arena the dests point into)
+ *       flags: FLAG_DONTNEED, FLAG_DIRECT, FLAG_MERGE (a task's reads that continue each
+ *       other in the file go out as one preadv; io_pool.h)
  *   batch.wait(g) / batch.wait_all()         block with the GIL released; raise IOFailure
  *                                            (kind "timeout" when the pool's timeout passed)
  *   batch.done(g) / batch.all_done()         poll
@@ -601,6 +603,8 @@ PyMODINIT_FUNC PyInit__io(void) {
         PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0 ||
         PyModule_AddIntConstant(m, "FLAG_DONTNEED", SDQ_FLAG_DONTNEED) < 0 ||
         PyModule_AddIntConstant(m, "FLAG_DIRECT", SDQ_FLAG_DIRECT) < 0 ||
+        PyModule_AddIntConstant(m, "FLAG_MERGE", SDQ_FLAG_MERGE) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_MERGE", SDQ_MAX_MERGE) < 0 ||
         PyModule_AddIntConstant(m, "DIRECT_ALIGN", SDQ_DIRECT_ALIGN) < 0 ||
         PyModule_AddIntConstant(m, "MAX_THREADS", SDQ_MAX_THREADS) < 0) {
         Py_XDECREF(m);

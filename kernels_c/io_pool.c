@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define WORKER_STACK_BYTES (256 * 1024)
@@ -47,11 +48,8 @@ int64_t sdq_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-void sdq_run_read(sdq_read *r, int flags) {
-    r->start_ns = sdq_now_ns();
-    r->done = 0;
-    r->err = 0;
-    r->kind = SDQ_OK;
+/* Reads what is left of r (from r->done) with pread until `need` bytes are in. */
+static void read_rest(sdq_read *r) {
     int interrupted = 0; /* consecutive EINTRs */
     while (r->done < r->need) {
         ssize_t n = pread(r->fd, r->dest + r->done, (size_t)(r->length - r->done),
@@ -69,13 +67,64 @@ void sdq_run_read(sdq_read *r, int flags) {
         interrupted = 0;
         r->done += n;
     }
-    if ((flags & SDQ_FLAG_DONTNEED) && r->done > 0) {
-        /* whole pages: the kernel keeps a partially covered page at either end */
-        int64_t lo = r->offset / SDQ_DIRECT_ALIGN * SDQ_DIRECT_ALIGN;
-        int64_t hi = (r->offset + r->done + SDQ_DIRECT_ALIGN - 1) / SDQ_DIRECT_ALIGN * SDQ_DIRECT_ALIGN;
-        posix_fadvise(r->fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
-    }
+}
+
+/* DONTNEED over [offset, offset + done) in whole pages: the kernel keeps a partially covered
+ * page at either end */
+static void drop_range(int fd, int64_t offset, int64_t done) {
+    int64_t lo = offset / SDQ_DIRECT_ALIGN * SDQ_DIRECT_ALIGN;
+    int64_t hi = (offset + done + SDQ_DIRECT_ALIGN - 1) / SDQ_DIRECT_ALIGN * SDQ_DIRECT_ALIGN;
+    posix_fadvise(fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
+}
+
+static void reset_read(sdq_read *r, int64_t now) {
+    r->start_ns = now;
+    r->done = 0;
+    r->err = 0;
+    r->kind = SDQ_OK;
+}
+
+void sdq_run_read(sdq_read *r, int flags) {
+    reset_read(r, sdq_now_ns());
+    read_rest(r);
+    if ((flags & SDQ_FLAG_DONTNEED) && r->done > 0) drop_range(r->fd, r->offset, r->done);
     r->end_ns = sdq_now_ns();
+}
+
+int sdq_merge_run(const sdq_read *r, int n) {
+    int k = 1;
+    while (k < n && k < SDQ_MAX_MERGE && r[k].fd == r[0].fd &&
+           r[k].offset == r[k - 1].offset + r[k - 1].length && r[k - 1].need == r[k - 1].length)
+        k++;
+    return k;
+}
+
+void sdq_run_merged(sdq_read *r, int n, int flags) {
+    struct iovec iov[SDQ_MAX_MERGE];
+    int64_t now = sdq_now_ns();
+    if (n > SDQ_MAX_MERGE) n = SDQ_MAX_MERGE;
+    for (int i = 0; i < n; i++) {
+        reset_read(&r[i], now);
+        iov[i].iov_base = r[i].dest;
+        iov[i].iov_len = (size_t)r[i].length;
+    }
+    ssize_t got;
+    int interrupted = 0;
+    do {
+        got = preadv(r[0].fd, iov, n, (off_t)r[0].offset);
+    } while (got < 0 && errno == EINTR && ++interrupted < SDQ_MAX_EINTR);
+    /* a failed or short preadv: each read finishes (or reports its error) on its own */
+    int64_t left = got > 0 ? (int64_t)got : 0;
+    for (int i = 0; i < n; i++) {
+        r[i].done = left < r[i].length ? left : r[i].length;
+        left -= r[i].done;
+        if (r[i].done < r[i].need) read_rest(&r[i]);
+    }
+    if (flags & SDQ_FLAG_DONTNEED)
+        for (int i = 0; i < n; i++)
+            if (r[i].done > 0) drop_range(r[i].fd, r[i].offset, r[i].done);
+    int64_t end = sdq_now_ns();
+    for (int i = 0; i < n; i++) r[i].end_ns = end;
 }
 
 static void finish_task(sdq_task *t) {
@@ -138,15 +187,30 @@ static void emu_hold(sdq_pool *pool, sdq_read *r, int64_t finish_ns) {
 
 static void run_task(sdq_pool *pool, sdq_task *t) {
     sdq_batch *b = t->batch;
-    for (int32_t i = t->first; i < t->first + t->count; i++) {
+    int32_t end = t->first + t->count;
+    for (int32_t i = t->first; i < end;) {
         sdq_read *r = &b->reads[i];
+        int n = (b->flags & SDQ_FLAG_MERGE) ? sdq_merge_run(r, end - i) : 1;
+        int64_t length = 0;
+        for (int k = 0; k < n; k++) length += r[k].length;
         int64_t start = sdq_now_ns();
-        int64_t finish = emu_reserve(pool, start, r->length);
-        sdq_run_read(r, b->flags);
+        int64_t finish = emu_reserve(pool, start, length);
+        if (n > 1)
+            sdq_run_merged(r, n, b->flags);
+        else
+            sdq_run_read(r, b->flags);
         if (finish > 0) {
-            r->start_ns = start;
-            if (r->kind == SDQ_OK) emu_hold(pool, r, finish);
+            int ok = 1;
+            for (int k = 0; k < n; k++) {
+                r[k].start_ns = start;
+                ok = ok && r[k].kind == SDQ_OK;
+            }
+            if (ok) {
+                emu_hold(pool, &r[n - 1], finish);
+                for (int k = 0; k < n - 1; k++) r[k].end_ns = r[n - 1].end_ns;
+            }
         }
+        i += n;
     }
     finish_task(t);
 }

@@ -25,6 +25,10 @@
 /* batch flags */
 #define SDQ_FLAG_DONTNEED 1 /* posix_fadvise(DONTNEED) on each read's range after it */
 #define SDQ_FLAG_DIRECT 2   /* reads go to an O_DIRECT fd: offset, length, dest 4096-aligned */
+/* a task's consecutive reads that continue each other in the file (the next offset is this
+ * one's offset + length, same fd) go out as one preadv of up to SDQ_MAX_MERGE destinations */
+#define SDQ_FLAG_MERGE 4
+#define SDQ_MAX_MERGE 64
 
 /* read outcome */
 #define SDQ_OK 0
@@ -111,5 +115,11 @@ void sdq_pool_emulated(sdq_pool *pool, int64_t *reads, int64_t *late, int64_t *o
 int64_t sdq_now_ns(void);
 /* Runs one read in the calling thread (used by the pool's workers and by pread_into). */
 void sdq_run_read(sdq_read *r, int flags);
+/* Runs n <= SDQ_MAX_MERGE reads that continue each other in the file as one preadv; a short
+ * return is finished read by read with pread. Each read's outcome is recorded as by
+ * sdq_run_read (all share the start and end times). */
+void sdq_run_merged(sdq_read *r, int n, int flags);
+/* How many reads from r[0] (at most n, at most SDQ_MAX_MERGE) continue each other in the file. */
+int sdq_merge_run(const sdq_read *r, int n);
 
 #endif

@@ -207,6 +207,51 @@ int main(int argc, char **argv) {
         sdq_batch_free(b);
     }
 
+    /* FLAG_MERGE: 3 tasks of 8 reads; in each, reads 0-3 and 5-7 continue each other in the
+     * file (two preadvs), read 4 starts elsewhere; the bytes land in separate destinations */
+    {
+        sdq_batch *b = sdq_batch_new(24, 3, 3, SDQ_FLAG_MERGE);
+        for (int i = 0; i < 24; i++) {
+            sdq_read *r = &b->reads[i];
+            int t = i / 8, k = i % 8;
+            r->fd = fd;
+            r->offset = (int64_t)t * 100000 + (k == 4 ? 60000 : k * 4099);
+            r->length = r->need = 4099;
+            r->dest = dest + (size_t)(23 - i) * 4099; /* destinations not in file order */
+        }
+        for (int t = 0; t < 3; t++) sdq_batch_set_task(b, t, t * 8, 8, t);
+        CHECK(sdq_merge_run(&b->reads[0], 8) == 4 && sdq_merge_run(&b->reads[5], 3) == 3);
+        CHECK(sdq_pool_submit(pool, b) == 0);
+        sdq_batch_wait_all(b);
+        check_bytes(b);
+        sdq_batch_free(b);
+    }
+    /* FLAG_MERGE at the end of the file: full, short, past the end; and a need < length tail */
+    {
+        sdq_batch *b = sdq_batch_new(3, 1, 1, SDQ_FLAG_MERGE);
+        for (int k = 0; k < 3; k++)
+            b->reads[k] = (sdq_read){.fd = fd, .offset = FILE_BYTES - 5000 + k * 4096,
+                                     .length = 4096, .need = 4096, .dest = dest + k * 4096};
+        sdq_batch_set_task(b, 0, 0, 3, 0);
+        CHECK(sdq_pool_submit(pool, b) == 0);
+        sdq_batch_wait_all(b);
+        CHECK(read_is_right(&b->reads[0]));
+        CHECK(b->reads[1].kind == SDQ_SHORT && b->reads[1].done == 904);
+        CHECK(b->reads[2].kind == SDQ_PAST_EOF && b->reads[2].done == 0);
+        sdq_batch_free(b);
+        b = sdq_batch_new(2, 1, 1, SDQ_FLAG_MERGE);
+        b->reads[0] = (sdq_read){.fd = fd, .offset = FILE_BYTES - 8192, .length = 4096,
+                                 .need = 4096, .dest = dest};
+        b->reads[1] = (sdq_read){.fd = fd, .offset = FILE_BYTES - 4096, .length = 8192,
+                                 .need = 4096, .dest = dest + 4096};
+        sdq_batch_set_task(b, 0, 0, 2, 0);
+        CHECK(sdq_pool_submit(pool, b) == 0);
+        sdq_batch_wait_all(b);
+        CHECK(read_is_right(&b->reads[0]));
+        CHECK(b->reads[1].kind == SDQ_OK && b->reads[1].done == 4096);
+        sdq_batch_free(b);
+    }
+
     /* resize while batches are queued; free without waiting (free waits) */
     sdq_batch *b1 = make_batch(fd, 48, 4099, 1, 1, dest, 0);
     CHECK(sdq_pool_submit(pool, b1) == 0);

@@ -20,6 +20,7 @@ COMMANDS = {
     "info": "print a GGUF model's anatomy: spec, tensors, experts (table T2)",
     "synth": "build a synthetic GGUF: qwen3moe (tiny, mini, custom) or qwen35moe (tiny35, seed)",
     "plan": "print the memory plan for a RAM budget: dense, KV, compute, reserve, arena slots",
+    "pack": "write a model's pack: each routed expert stored in one piece, one read per expert",
     "chat": "generate text with experts paged from disk under a RAM budget",
     "serve": "serve the model over an OpenAI-compatible HTTP API (one request at a time)",
     "bench": "benchmarks: layer-miss, resident, peers",

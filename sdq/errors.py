@@ -49,3 +49,7 @@ class TraceError(SdqError):
 
 class LabError(SdqError):
     """A lab run or docs build failed: names the notebook, cell, table or marker at fault."""
+
+
+class PackError(SdqError):
+    """A pack sidecar (sdq.paging.pack) is unusable: not a pack, damaged, of another model."""

@@ -100,6 +100,14 @@ RUN_FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
             "the N most probable (default: 3/4 of the experts a token uses; 0: off)",
         },
     ),
+    "pack": (
+        ("--pack",),
+        {
+            "metavar": "PATH",
+            "help": "read experts from this pack (sdq pack: one read per expert); default: "
+            "MODEL.sdqpack beside the model when it is there and fits the model; none: the GGUF",
+        },
+    ),
     "resident": (
         ("--resident",),
         {"action": "store_true", "help": "copy every expert into RAM (no pager, no budget)"},

@@ -279,6 +279,8 @@ class Model:
     header: Header = field(repr=False)
     _experts: ExpertTable | None = field(default=None, repr=False)
     _map: np.memmap | None = field(default=None, repr=False)
+    # the pack the pager reads experts from (sdq.paging.pack.Pack); None: this file
+    pack: Any = field(default=None, repr=False)
 
     @property
     def has_experts(self) -> bool:

@@ -74,7 +74,14 @@ from sdq.paging.arena import Arena
 from sdq.paging.checksums import ExpertChecksums
 from sdq.paging.policies import BY_NAME, POLICIES
 from sdq.paging.prefetch import StreamingSlots
-from sdq.paging.reads import ExpertReader, IOSettings, ReadBatch, SlotLayout, expert_table
+from sdq.paging.reads import (
+    ExpertReader,
+    IOSettings,
+    ReadBatch,
+    expert_file,
+    expert_table,
+    slot_layout,
+)
 from sdq.paging.residents import Entry, Residents
 from sdq.paging.views import ExpertViews
 
@@ -158,7 +165,7 @@ class ExpertCache:
         s = self.settings = settings or CacheSettings()
         self.table = expert_table(model)
         self.K = int(model.spec.n_expert_used)
-        self.layout = SlotLayout.for_table(self.table, io.cache_mode)
+        self.layout = slot_layout(model, io.cache_mode)
         if self.layout.slot_bytes > plan.slot_bytes:
             raise PlanError(
                 f"the plan's slots hold {plan.slot_bytes} bytes but cache mode "
@@ -183,13 +190,13 @@ class ExpertCache:
         self._policy = BY_NAME[split.policy]
         self.arena = Arena(plan.slots, plan.slot_bytes, prefault=True)
         try:
-            self.reader = ExpertReader(model.path, self.table, self.layout, io)
+            self.reader = ExpertReader(expert_file(model), self.table, self.layout, io)
         except BaseException:
             self.arena.close()
             raise
         self.views = ExpertViews(self.arena, self.table, self.layout)
         self.checksums = (
-            ExpertChecksums(model.path, self.table, drop_pages=io.cache_mode != "pagecache")
+            ExpertChecksums(expert_file(model), self.table, drop_pages=io.cache_mode != "pagecache")
             if io.verify
             else None
         )

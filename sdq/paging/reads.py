@@ -23,7 +23,15 @@ Read layouts (seed 000 §2, §4.1; seed 003):
   parallel   one task per segment
   split N    each segment cut at page-aligned file offsets into at most N chunks (N in 1..8),
              one task per chunk
-Each expert is one group, so a caller can wait for one expert while the others load.
+  merged     as parallel, but experts of one request whose reads continue each other in the
+             file (a pack's neighbouring records) share their tasks, each task one preadv
+             (the pool's FLAG_MERGE) into their separate slots
+Each expert is one group, so a caller can wait for one expert while the others load; merged
+experts share a group (ReadBatch maps the k-th requested expert to its group).
+
+A pack (sdq.paging.pack) stores each expert as one record: then an expert is one read whatever
+the mode (split N cuts that read into N chunks), and the slot layout is the record's
+(`SlotLayout.for_pack`).
 
 Failing safely. A failed read (I/O error, short read, end of file, canceled) is a ReadError
 naming the file, layer, expert, part, offset and length; a wait that outlasts
@@ -50,7 +58,9 @@ from sdq import _io
 from sdq.errors import ModelChangedError, ParamsError, ReadError
 
 PARTS = ("gate", "up", "down")
-MODES = ("serial", "parallel", "split")
+WHOLE = 3  # the part of a read that covers a pack's whole record
+READ_PARTS = (*PARTS, "record")
+MODES = ("serial", "parallel", "split", "merged")
 CACHE_MODES = ("pagecache", "dontneed", "direct")
 # the modes whose reads reach the device (a probe or profile measures one of these)
 COLD_CACHE_MODES = ("direct", "dontneed")
@@ -69,8 +79,26 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 def expert_table(model):
-    """The model's ExpertTable (GGUFError when it has no routed experts)."""
+    """The ExpertTable the pager reads from: the model's pack's when it has one (offsets into
+    the pack), else the model's (GGUFError when it has no routed experts)."""
+    pack = getattr(model, "pack", None)
+    if pack is not None:
+        return pack.table
     return model.require_experts() if hasattr(model, "require_experts") else model.experts
+
+
+def expert_file(model):
+    """The file the pager reads experts from: the model's pack, or the model itself."""
+    pack = getattr(model, "pack", None)
+    return pack.path if pack is not None else model.path
+
+
+def slot_layout(model, cache_mode: str) -> SlotLayout:
+    """The slot layout of the pager's reads of `model` (its pack's records when it has one)."""
+    pack = getattr(model, "pack", None)
+    if pack is not None:
+        return SlotLayout.for_pack(pack, cache_mode)
+    return SlotLayout.for_table(expert_table(model), cache_mode)
 
 
 def align_up(n, a: int):
@@ -125,6 +153,23 @@ class SlotLayout:
     region_offsets: tuple[int, int, int]  # byte offset of each part's region in the slot
     region_bytes: tuple[int, int, int]
     slot_bytes: int
+    # a pack's records: per table row, each part's offset in a slot (None: a GGUF's regions)
+    row_starts: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def packed(self) -> bool:
+        """The experts come from a pack: one read per expert (module docstring)."""
+        return self.row_starts is not None
+
+    @classmethod
+    def for_pack(cls, pack, cache_mode: str) -> SlotLayout:
+        """A slot holds one record of `pack` (sdq.paging.pack) as it lies in the file."""
+        direct = cache_mode == "direct"
+        align = DIRECT_ALIGN if direct else BUFFERED_ALIGN
+        widest = max(range(len(pack.record_bytes)), key=lambda r: pack.record_bytes[r])
+        s, rec = pack.starts[widest], pack.record_bytes[widest]
+        regions = (s[1] - s[0], s[2] - s[1], rec - s[2])
+        return cls(align, direct, s, regions, pack.slot_bytes, tuple(pack.starts))
 
     @classmethod
     def for_table(cls, table, cache_mode: str) -> SlotLayout:
@@ -140,8 +185,13 @@ class SlotLayout:
         starts = (0, regions[0], regions[0] + regions[1])
         return cls(align, direct, starts, regions, int(sum(regions)))
 
-    def view_offset(self, file_offset: int, part: int) -> int:
-        """Offset inside a slot of the first byte of a segment that starts at file_offset."""
+    def view_offset(self, file_offset: int, part: int, row: int | None = None) -> int:
+        """Offset inside a slot of the first byte of a segment that starts at file_offset (of
+        table row `row`: needed for a pack, whose records differ by row)."""
+        if self.row_starts is not None:
+            if row is None:
+                raise ValueError("a pack's slot layout needs the table row")
+            return self.row_starts[row][part]
         head = file_offset % DIRECT_ALIGN if self.direct else 0
         return self.region_offsets[part] + head
 
@@ -173,22 +223,27 @@ class FileIdentity:
 class ReadBatch:
     """A submitted batch: wait for one expert (group) or all, with errors as ReadError."""
 
-    def __init__(self, batch, path: str, meta, reader: ExpertReader | None = None):
+    def __init__(self, batch, path: str, meta, reader: ExpertReader | None = None, groups=None):
         self.batch = batch
         self.path = path
-        self._meta = meta  # int64 [R, 3], or (ReadTemplate, experts, layer) to build it from
+        # int64 [R, 3], or (ReadTemplate, experts, layer, read order or None) to build it from
+        self._meta = meta
         self.reader = reader  # checks the file's identity once bytes have arrived
+        # the pool group of the k-th requested expert (mode merged); None: group k
+        self.groups = groups
 
     @property
     def meta(self) -> np.ndarray:
-        """int64 [R, 3]: layer, expert, part of each read."""
+        """int64 [R, 3]: layer, expert, part (3: a pack's whole record) of each read."""
         if isinstance(self._meta, tuple):
             self._meta = template_meta(*self._meta)
         return self._meta
 
     def wait(self, group: int) -> None:
-        """Blocks until the group's reads are done; ReadError if one failed or timed out,
-        ModelChangedError if the file changed since it was opened."""
+        """Blocks until the reads of the group-th requested expert are done; ReadError if one
+        failed or timed out, ModelChangedError if the file changed since it was opened."""
+        if self.groups is not None:
+            group = self.groups[group]
         try:
             self.batch.wait(group)
         except _io.IOFailure as exc:
@@ -205,7 +260,7 @@ class ReadBatch:
             self.reader.check_open_file()
 
     def done(self, group: int) -> bool:
-        return self.batch.done(group)
+        return self.batch.done(group if self.groups is None else self.groups[group])
 
     def all_done(self) -> bool:
         return self.batch.all_done()
@@ -224,6 +279,8 @@ class ReadBatch:
 
     def failed(self, group: int) -> bool:
         """Whether a read of a finished group failed, or the file changed (without raising)."""
+        if self.groups is not None:
+            group = self.groups[group]
         try:
             self.batch.wait(group)
         except _io.IOFailure:
@@ -233,11 +290,12 @@ class ReadBatch:
     def _error(self, exc) -> ReadError:
         layer, expert, part = (int(v) for v in self.meta[exc.index])
         what = _KINDS.get(exc.kind, "read failed")
+        part = READ_PARTS[part]
         detail = f": {os.strerror(exc.errno)}" if exc.kind == "error" else ""
         got = f", got {exc.done} bytes" if exc.kind == "short" else ""
         after = f" after {self.batch_timeout():g} s" if exc.kind == "timeout" else ""
         message = (
-            f"{self.path}: {what}{after} reading layer {layer} expert {expert} {PARTS[part]} "
+            f"{self.path}: {what}{after} reading layer {layer} expert {expert} {part} "
             f"at offset {exc.offset} length {exc.length}{got}{detail}"
         )
         if exc.kind == "timeout" and self.reader is not None:
@@ -351,18 +409,20 @@ class ExpertReader:
         Returns (reads int64 [R, 7], meta int64 [R, 3]: layer, expert, part of each read).
         """
         tmpl = self.template(row)
-        reads = apply_template(tmpl, experts, addrs, self.io.mode)
-        return reads, template_meta(tmpl, experts, self.table.layers[row])
+        reads, _, order = apply_template(tmpl, experts, addrs, self.io.mode)
+        return reads, template_meta(tmpl, experts, self.table.layers[row], order)
 
     def submit(self, row: int, experts, addrs, keepalive=None) -> tuple[ReadBatch, int]:
         """Submits the reads; returns (batch, device bytes requested)."""
         tmpl = self.template(row)
-        reads = apply_template(tmpl, experts, addrs, self.io.mode)
-        batch = self.pool.submit(reads, self.flags, keepalive)
+        reads, groups, order = apply_template(tmpl, experts, addrs, self.io.mode)
+        flags = self.flags | (_io.FLAG_MERGE if groups is not None else 0)
+        batch = self.pool.submit(reads, flags, keepalive)
         layer = self.table.layers[row]
-        meta = (tmpl, experts, layer)  # the meta table is only built to describe a failure
+        meta = (tmpl, experts, layer, order)  # the meta table is only built for a failure
         device = tmpl.device_bytes
-        return ReadBatch(batch, self.path, meta, self), sum(device[e] for e in experts)
+        batch = ReadBatch(batch, self.path, meta, self, groups)
+        return batch, sum(device[e] for e in experts)
 
     def drop_cache(self) -> None:
         """Drops the file's pages from the page cache (written back first: DONTNEED keeps dirty
@@ -424,9 +484,12 @@ class ReadTemplate:
 
 
 def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
-    """The ReadTemplate of a layer: offsets, nbytes int64 [E, P]."""
+    """The ReadTemplate of a layer: offsets, nbytes int64 [E, P]. From a pack (layout.packed)
+    an expert is one read of its whole record, which ends on a 4096-byte boundary."""
     off = np.asarray(offsets, dtype=np.int64)  # [E, P]
     end = off + np.asarray(nbytes, dtype=np.int64)  # [E, P]
+    if layout.packed:  # one segment: the record, from its gate to its aligned end
+        off, end = off[:, :1], align_up(end[:, 2:], DIRECT_ALIGN)  # [E, 1]
     if layout.direct:
         start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
     else:
@@ -444,8 +507,8 @@ def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
         lo, hi = bounds[..., :-1], bounds[..., 1:]  # [E, P, n]
     else:
         lo, hi = start[..., None], stop[..., None]  # [E, P, 1]
-    region = np.asarray(layout.region_offsets, dtype=np.int64)  # [P]
     E, P = off.shape
+    region = np.asarray((0,) if layout.packed else layout.region_offsets, dtype=np.int64)  # [P]
     rows = np.zeros((E, P, n, 7), dtype=np.int64)
     rows[..., 0] = fd
     rows[..., 1] = lo
@@ -456,7 +519,9 @@ def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
     rows = rows.reshape(E, M, 7)
     rows[..., 5] = np.arange(M)
     valid = (lo < hi).reshape(E, M)
-    parts = np.broadcast_to(np.arange(P, dtype=np.int64)[:, None], (E, P, n)).reshape(E, M)
+    part_ids = np.array([WHOLE] if layout.packed else range(P), dtype=np.int64)  # [P]
+    parts = np.broadcast_to(part_ids[:, None], (P, n)).reshape(1, M)
+    parts = np.broadcast_to(parts, (E, M))
     shift = np.zeros((E, 1, 7), dtype=np.int64)
     shift[:, 0, 5] = np.arange(E) * M
     shift[:, 0, 6] = np.arange(E)
@@ -464,11 +529,17 @@ def read_template(offsets, nbytes, fd, layout, chunks) -> ReadTemplate:
     return ReadTemplate(rows, None if valid.all() else valid, parts, shift, device)
 
 
-def apply_template(tmpl: ReadTemplate, experts, addrs, mode: str) -> np.ndarray:
-    """Reads int64 [R, 7] for experts [K] into slot addresses addrs [K] (see plan_reads)."""
+def apply_template(tmpl: ReadTemplate, experts, addrs, mode: str):
+    """Reads for experts [K] into slot addresses addrs [K] (see plan_reads).
+
+    Returns (reads int64 [R, 7], groups, order): groups[k] is the pool group of the k-th
+    expert and order int64 [R] the row of each read in expert order (both None unless mode
+    merged: then group k is not always k, nor read r the r-th of expert order)."""
     reads = tmpl.rows[experts]  # [K, M, 7] (a copy)
     reads += tmpl.shift[: len(reads)]  # task k*M + m, group k
     reads[:, :, 4] += np.asarray(addrs, dtype=np.int64)[:, None]
+    if mode == "merged":
+        return merge_reads(reads)
     if tmpl.valid is None:
         reads = reads.reshape(-1, 7)  # [R, 7]; the task column is already 0..R-1
     else:
@@ -476,11 +547,52 @@ def apply_template(tmpl: ReadTemplate, experts, addrs, mode: str) -> np.ndarray:
         reads[:, 5] = np.arange(len(reads))
     if mode == "serial":
         reads[:, 5] = reads[:, 6]  # one task per expert
-    return reads
+    return reads, None, None
 
 
-def template_meta(tmpl: ReadTemplate, experts, layer: int) -> np.ndarray:
-    """int64 [R, 3]: layer, expert, part of each read of apply_template(tmpl, experts, ...)."""
+def merge_reads(reads: np.ndarray):
+    """Mode merged (one segment per part, no split): experts whose every read continues the
+    previous expert's read of the same part in the file (offset = its offset + length, and
+    that read wants all its bytes) join it; a run of such experts is one group, and each of
+    its parts one task whose reads lie in file order.
+
+    reads: int64 [K, M, 7] as apply_template builds them. Returns (reads [R, 7], groups [K],
+    order [R]: each read's row in expert order, k * M + m)."""
+    K, M, _ = reads.shape
+    by_offset = sorted(range(K), key=lambda k: int(reads[k, 0, 1]))
+    runs: list[list[int]] = []
+    for k in by_offset:
+        if runs:
+            prev = reads[runs[-1][-1]]  # [M, 7]
+            if (
+                (reads[k, :, 1] == prev[:, 1] + prev[:, 2]).all()
+                and (prev[:, 3] == prev[:, 2]).all()
+                and (reads[k, :, 0] == prev[:, 0]).all()
+            ):
+                runs[-1].append(k)
+                continue
+        runs.append([k])
+    groups = [0] * K
+    order = []
+    for g, run in enumerate(runs):
+        for k in run:
+            groups[k] = g
+        for m in range(M):
+            order.extend(k * M + m for k in run)
+    out = reads.reshape(K * M, 7)[order]  # [R, 7]
+    out[:, 6] = [groups[i // M] for i in order]
+    task, last = -1, None
+    for r, i in enumerate(order):  # a new task at each run and part
+        key = (groups[i // M], i % M)
+        if key != last:
+            task, last = task + 1, key
+        out[r, 5] = task
+    return out, groups, np.asarray(order, dtype=np.int64)
+
+
+def template_meta(tmpl: ReadTemplate, experts, layer: int, order=None) -> np.ndarray:
+    """int64 [R, 3]: layer, expert, part of each read of apply_template(tmpl, experts, ...);
+    `order`: apply_template's read order (mode merged), None: expert order."""
     experts = np.asarray(experts, dtype=np.int64)  # [K]
     parts = tmpl.parts[experts]  # [K, M]
     ids = np.broadcast_to(experts[:, None], parts.shape)  # [K, M]
@@ -488,6 +600,8 @@ def template_meta(tmpl: ReadTemplate, experts, layer: int) -> np.ndarray:
         keep = tmpl.valid[experts]
         parts, ids = parts[keep], ids[keep]
     parts, ids = parts.reshape(-1), ids.reshape(-1)
+    if order is not None:
+        parts, ids = parts[order], ids[order]
     return np.stack([np.full(len(parts), layer, dtype=np.int64), ids, parts], axis=1)
 
 
@@ -500,29 +614,67 @@ def plan_reads(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=
     ExpertReader keeps each layer's template and calls apply_template directly.
     """
     tmpl = read_template(offsets, nbytes, fd, layout, chunks)
-    return apply_template(tmpl, experts, addrs, mode), template_meta(tmpl, experts, layer)
+    reads, _, order = apply_template(tmpl, experts, addrs, mode)
+    return reads, template_meta(tmpl, experts, layer, order)
 
 
 def plan_reads_ref(offsets, nbytes, experts, addrs, fd, layout, mode, chunks, layer=0):
     """Plain-loop reference of plan_reads (same result)."""
-    rows, meta = [], []
-    task = -1
-    for k, (e, addr) in enumerate(zip(experts, addrs, strict=True)):
-        if mode == "serial":
-            task += 1
-        for p in range(3):
-            off, n = int(offsets[e, p]), int(nbytes[e, p])
-            end = off + n
+    per_expert = []  # per requested expert: its reads (fd, offset, length, need, dest, part)
+    for e, addr in zip(experts, addrs, strict=True):
+        if layout.packed:  # one segment: the whole record
+            segments = [(int(offsets[e, 0]), int(offsets[e, 2] + nbytes[e, 2]), WHOLE)]
+        else:
+            segments = [
+                (int(offsets[e, p]), int(offsets[e, p] + nbytes[e, p]), p) for p in range(3)
+            ]
+        mine = []
+        for off, end, p in segments:
+            if layout.packed:
+                end = align_up(end, DIRECT_ALIGN)
             if layout.direct:
                 start, stop = off - off % DIRECT_ALIGN, align_up(end, DIRECT_ALIGN)
             else:
                 start, stop = off, end
-            dest = addr + layout.region_offsets[p]
+            region = 0 if layout.packed else layout.region_offsets[p]
+            pieces = _chunks(start, stop, chunks)
+            mine.append(
+                [(fd, s, t - s, min(t, end) - s, addr + region + (s - start), p) for s, t in pieces]
+            )
+        per_expert.append(mine)  # [P][chunks]
+    rows, meta = [], []
+    if mode == "merged":
+        runs = []
+        for k in sorted(range(len(experts)), key=lambda k: per_expert[k][0][0][1]):
+            if runs:
+                prev = per_expert[runs[-1][-1]]
+                here = per_expert[k]
+                if all(
+                    h[0][1] == q[0][1] + q[0][2] and q[0][3] == q[0][2] and h[0][0] == q[0][0]
+                    for h, q in zip(here, prev, strict=True)
+                ):
+                    runs[-1].append(k)
+                    continue
+            runs.append([k])
+        task = -1
+        for g, run in enumerate(runs):
+            for p in range(len(per_expert[run[0]])):
+                task += 1
+                for k in run:
+                    for r in per_expert[k][p]:
+                        rows.append((*r[:5], task, g))
+                        meta.append((layer, int(experts[k]), r[5]))
+        return np.array(rows, dtype=np.int64), np.array(meta, dtype=np.int64)
+    task = -1
+    for k, mine in enumerate(per_expert):
+        if mode == "serial":
+            task += 1
+        for pieces in mine:
             if mode != "serial" and chunks == 1:
                 task += 1
-            for s, t in _chunks(start, stop, chunks):
+            for r in pieces:
                 if mode != "serial" and chunks > 1:
                     task += 1
-                rows.append((fd, s, t - s, min(t, end) - s, dest + (s - start), task, k))
-                meta.append((layer, int(e), p))
+                rows.append((*r[:5], task, k))
+                meta.append((layer, int(experts[k]), r[5]))
     return np.array(rows, dtype=np.int64), np.array(meta, dtype=np.int64)

@@ -51,7 +51,7 @@ class ExpertViews:
             parts = [
                 tuple(
                     (
-                        self.layout.view_offset(int(t.offsets[row, e, p]), p),
+                        self.layout.view_offset(int(t.offsets[row, e, p]), p, row),
                         int(t.nbytes[row, e, p]),
                         int(t.shapes[p][0]),
                         int(t.nbytes[row, e, p]) // int(t.shapes[p][0]),

@@ -64,7 +64,7 @@ from sdq.errors import PlanError
 from sdq.paging.arena import PADDING_BYTES as ARENA_PADDING_BYTES
 from sdq.paging.cache import CacheSettings
 from sdq.paging.policies import BY_NAME, SlotSplit, min_slots, split_slots
-from sdq.paging.reads import SlotLayout, expert_table
+from sdq.paging.reads import expert_table, slot_layout
 from sdq.units import MIB
 
 PAGE = mmap.PAGESIZE
@@ -441,7 +441,7 @@ def plan_memory(
     table = expert_table(model)
     spec = model.spec
     K = int(spec.n_expert_used)
-    layout = SlotLayout.for_table(table, cache_mode)
+    layout = slot_layout(model, cache_mode)
     ws = workspace_bytes(spec, n_ctx, n_ubatch, compute_threads)
     kv = sum(pages(b) for name, b in ws.items() if name.endswith("cache"))
     compute = sum(pages(b) for b in ws.values()) - kv
@@ -517,7 +517,7 @@ def plan_for_slots(
     cache = cache or CacheSettings()
     K = int(model.spec.n_expert_used)
     table = expert_table(model)
-    layout = SlotLayout.for_table(table, cache_mode)
+    layout = slot_layout(model, cache_mode)
     return MemoryPlan(
         ram_budget_bytes=slots * (layout.slot_bytes + SLOT_META_BYTES),
         rss_bytes=0,

@@ -40,6 +40,10 @@ def open_for_run(settings: RunSettings):
     model = open_model(s.model)
     model.require_experts()
     model.require_compute()
+    if not s.resident:
+        from sdq.paging.pack import find_pack
+
+        model.pack = find_pack(model, s.pack, warn=_note)
     _set_threads(s.threads)
     tokenizer = Tokenizer.from_metadata(model.metadata, source=str(model.path))
     return model, tokenizer
@@ -164,6 +168,9 @@ class Session:
         if device is not None:  # reads run, and those whose bytes came after their emulated end
             fig["emulated_reads"], fig["late_reads"] = reader.emulated()[:2]
         fig["prefetch_next"] = self.prefetch_next
+        pack = getattr(self.model, "pack", None)
+        fig["expert_file"] = "gguf" if pack is None else "pack"
+        fig["io_mode"] = self.settings.io_mode
         fig["expert_cache"] = dict(getattr(self.experts, "stats", {}) or {})
         return fig
 
@@ -194,6 +201,12 @@ def open_session(settings: RunSettings):
         session.close(completed=False)  # no half route log under its final name
         raise
     session.close()
+
+
+def _note(message: str) -> None:
+    import sys
+
+    print(f"sdq: {message}", file=sys.stderr)
 
 
 def _set_threads(n: int) -> None:

@@ -43,6 +43,9 @@ class RunSettings:
     # the bytes coming from the warmed page cache; None, "" or "native": this machine's device
     device_model: str | None = None
     io_profile: str | None = None  # the I/O profile whose settings were applied (its path)
+    # the pack experts are read from (sdq.paging.pack): None or "auto": the one beside the
+    # model when valid; "none": the GGUF; else a path
+    pack: str | None = None
 
     @classmethod
     def from_args(cls, args, **overrides) -> RunSettings:
