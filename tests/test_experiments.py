@@ -373,7 +373,7 @@ def test_io_suites_label_prefetch_and_page_cache_and_pass_them_on(tiny_model, tm
     (lm,) = b.build("layer-miss")
     assert lm.args[lm.args.index("--misses") + 1] == "1,2"
     assert not (tmp_path / "calibration.json").exists()  # the I/O suites need no calibration
-    assert set(ROTATED_SUITES) == {"io", "threads", "split", "profile"}
+    assert set(ROTATED_SUITES) == {"io", "threads", "split", "pack", "profile"}
     assert schedule(io, 2, rotate=True)[4][1] is io[-1]  # the second repeat starts reversed
     with pytest.raises(ParamsError, match="ab_prefetch"):
         s.replace(ab_prefetch=("sometimes",))

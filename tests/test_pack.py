@@ -233,3 +233,39 @@ def test_damaged_packs_are_refused_in_one_line(tmp_path, gguf_path, capsys):
         assert str(bad) in capsys.readouterr().err
     assert main(["chat", "-m", str(gguf_path), "-p", "x", "--pack", str(tmp_path / "no")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_bench_layer_miss_reads_the_pack_too(packed, gguf_path, capsys):
+    args = ["bench", "layer-miss", str(gguf_path), "--pack", str(packed.pack.path)]
+    args += ["--misses", "1,3", "--mode", "parallel", "--io-threads", "2", "--repeat", "3"]
+    assert main([*args, "--cache-mode", "direct", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    labels = [(r["misses"], r["label"], r["source"]) for r in rows]
+    assert labels == [
+        (m, lab, src)
+        for m in (1, 3)
+        for lab, src in [("parallel x2", "gguf"), ("pack x2", "pack"), ("pack merged x2", "pack")]
+    ]
+    for r in rows:  # same experts, same bytes; the pack reads whole 4096-aligned records
+        same = [o for o in rows if o["misses"] == r["misses"]]
+        assert {o["expert_bytes"] for o in same} == {r["expert_bytes"]}
+        assert len(r["times_ms"]) == 3 and r["resident_before"] < 0.05
+
+
+def test_the_pack_suite_names_its_arms(packed, gguf_path, tmp_path):
+    from sdq.errors import ParamsError
+    from sdq.measure.experiments.suites import Settings, SuiteBuilder
+
+    with pytest.raises(ParamsError, match="pack_path"):
+        SuiteBuilder(str(gguf_path), Settings(), tmp_path, progress=False).build("pack")
+    s = Settings(pack_path=str(packed.pack.path), pack_io_threads=3)
+    configs = SuiteBuilder(str(gguf_path), s, tmp_path, progress=False).build("pack")
+    assert [c.label for c in configs] == [
+        "gguf x3 prefetch off",
+        "pack x3 prefetch off",
+        "pack merged x3 prefetch off",
+    ]
+    flags = [c.args[c.args.index("--pack") + 1] for c in configs]
+    assert flags == ["none", str(packed.pack.path), str(packed.pack.path)]
+    assert [c.pack for c in configs] == ["", str(packed.pack.path), str(packed.pack.path)]
+    assert [c.meta_dict["io_mode"] for c in configs] == ["parallel", "parallel", "merged"]

@@ -18,6 +18,7 @@ SUITE_CHOICES = (
     "io",
     "threads",
     "split",
+    "pack",
     "memory",
     "reserve",
     "budgets",

@@ -14,7 +14,10 @@ are dropped from the page cache (dontneed), bypassed (direct) or warmed with one
 (pagecache, reported as such: not device speed). Every configuration is timed once per
 repetition on the same experts, in an order rotated by one each repetition so drift does not
 favour one; the per-repetition times are kept (`Row.times_ms`), so two configurations give one
-pair per repetition. Reported per configuration: median wall time from submit to the last byte,
+pair per repetition. With a pack (`pack`, sdq.paging.pack), every misses x thread count also
+reads the same experts from the pack: "pack" (one read per expert) and "pack merged" (experts
+whose records lie side by side read with one preadv). Reported per configuration: median wall
+time from submit to the last byte,
 GB/s of expert bytes at that median, and the ratio to the best configuration of another mode
 with the same misses (> 1: slower). The slot bytes of each configuration are checked against the
 file once. `sdq bench layer-miss` prints the rows.
@@ -57,10 +60,14 @@ class LayerMissSettings:
     # a device model file (sdq.paging.device_model): reads replayed against it, the bytes from
     # the warmed page cache (cache_mode pagecache); None: this machine's device
     device_model: str | None = None
+    pack: str | None = None  # a pack of the model: its rows too (module docstring)
 
-    def configurations(self) -> list[tuple[int, str, int, int]]:
-        """(misses, mode, split, io_threads) of every configuration, in the order reported."""
-        return configurations(self.misses, self.modes, self.splits, self.io_threads)
+    def configurations(self) -> list[tuple[int, str, int, int, str]]:
+        """(misses, mode, split, io_threads, source) of every configuration, in the order
+        reported; source: "gguf" or "pack"."""
+        return configurations(
+            self.misses, self.modes, self.splits, self.io_threads, self.pack is not None
+        )
 
 
 @dataclass
@@ -86,20 +93,31 @@ class Row:
     device: str = "native"  # this machine's device, or "emulated: <model name>"
     late_reads: int = 0  # under emulation: reads whose bytes came after their emulated end
     mean_lag_us: float = 0.0  # under emulation: how long after its emulated end a read ended
+    source: str = "gguf"  # the file read: the GGUF (three reads per expert) or its pack
+
+    @property
+    def kind(self) -> str:
+        """The read layout without the thread count: serial, split4, pack, pack merged..."""
+        if self.source == "pack":
+            return "pack merged" if self.mode == "merged" else "pack"
+        return f"split{self.split}" if self.mode == "split" else self.mode
 
     @property
     def label(self) -> str:
-        name = f"split{self.split}" if self.mode == "split" else self.mode
-        return f"{name} x{self.io_threads}"
+        return f"{self.kind} x{self.io_threads}"
 
 
-def configurations(misses, modes, splits, threads) -> list[tuple[int, str, int, int]]:
+def configurations(misses, modes, splits, threads, pack=False) -> list[tuple]:
     out = []
     for m in misses:
         for mode in modes:
             for n in threads:
                 for s in splits if mode == "split" else [1]:
-                    out.append((m, mode, s, n))
+                    out.append((m, mode, s, n, "gguf"))
+        if pack:
+            for mode in ("parallel", "merged"):
+                for n in threads:
+                    out.append((m, mode, 1, n, "pack"))
     return out
 
 
@@ -108,6 +126,7 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
     per configuration, with its ratio to the best configuration of another mode."""
     from sdq.format.model import open_model
     from sdq.paging.arena import Arena
+    from sdq.paging.pack import open_pack
     from sdq.paging.reads import ExpertReader, IOSettings, SlotLayout
 
     st = settings
@@ -135,13 +154,25 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
         from sdq.paging.device_model import load
 
         emu = load(st.device_model)
-    for _, mode, s, n in configs:
+    for _, mode, s, n, _src in configs:
         IOSettings(threads=n, mode=mode, split=s, cache_mode=st.cache_mode, device=emu)
     most = max(st.misses)
-    layout = SlotLayout.for_table(table, st.cache_mode)
-    arena = Arena(most, layout.slot_bytes, prefault=True)  # no first-touch faults in a timed read
+    pack = open_pack(model, st.pack) if st.pack is not None else None
     first = IOSettings(threads=configs[0][3], cache_mode=st.cache_mode, device=emu)
-    reader = ExpertReader(model.path, table, layout, first)
+    layouts = {"gguf": SlotLayout.for_table(table, st.cache_mode)}
+    tables = {"gguf": table}
+    if pack is not None:
+        layouts["pack"] = SlotLayout.for_pack(pack, st.cache_mode)
+        tables["pack"] = pack.table
+    slot_bytes = max(lay.slot_bytes for lay in layouts.values())
+    arena = Arena(most, slot_bytes, prefault=True)  # no first-touch faults in a timed read
+    readers = {"gguf": ExpertReader(model.path, table, layouts["gguf"], first)}
+    if pack is not None:
+        try:
+            readers["pack"] = ExpertReader(pack.path, pack.table, layouts["pack"], first)
+        except BaseException:
+            readers["gguf"].close()
+            raise
     check_fd = os.open(model.path, os.O_RDONLY)
     rng = np.random.default_rng(st.seed)
     times = {c: [] for c in configs}
@@ -158,7 +189,8 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
             chosen = [int(e) for e in rng.choice(table.n_expert, most, replace=False)]
             order = configs[r % len(configs) :] + configs[: r % len(configs)]
             for c in order:
-                m, mode, s, n = c
+                m, mode, s, n, src = c
+                reader, source = readers[src], tables[src]
                 experts = chosen[:m]
                 addrs = [arena.address(k) for k in range(m)]
                 reader.set_io(
@@ -168,7 +200,7 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                     reader.submit(row, experts, addrs, arena)[0].wait_all()
                 else:
                     reader.drop_cache()  # emulated: the source stays warm
-                cached = _resident(reader, table, row, experts)
+                cached = _resident(reader, source, row, experts)
                 worse = min if st.cache_mode == "pagecache" else max
                 resident[c] = worse(resident[c], cached) if r else cached
                 t0 = time.perf_counter_ns()
@@ -177,18 +209,20 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 times[c].append((time.perf_counter_ns() - t0) / 1e6)  # ns -> ms
                 nbytes[c].append((int(table.nbytes[row, experts].sum()), device))
                 if r == 0:
-                    _check(check_fd, arena, layout, table, row, experts, model.path)
+                    _check(check_fd, arena, layouts[src], table, source, row, experts, model.path)
         if not warm:
-            reader.drop_cache()
-        emulated = reader.emulated()
+            for reader in readers.values():
+                reader.drop_cache()
+        emulated = [sum(v) for v in zip(*(rd.emulated() for rd in readers.values()), strict=True)]
     finally:
         os.close(check_fd)
-        reader.close()
+        for reader in readers.values():
+            reader.close()
         arena.close()
 
     rows = []
     for c in configs:
-        m, mode, s, n = c
+        m, mode, s, n, src = c
         med = statistics.median(times[c])
         eb = int(statistics.median(b for b, _ in nbytes[c]))
         db = int(statistics.median(d for _, d in nbytes[c]))
@@ -211,10 +245,11 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 device="native" if emu is None else emu.label,
                 late_reads=emulated[1],
                 mean_lag_us=emulated[2] / max(emulated[0] - emulated[1], 1) / 1e3,
+                source=src,
             )
         )
     for row_ in rows:
-        others = [o for o in rows if o.mode != row_.mode and o.misses == row_.misses]
+        others = [o for o in rows if o.kind != row_.kind and o.misses == row_.misses]
         if others:
             best = min(others, key=lambda o: o.median_ms)
             row_.best_other = best.label
@@ -231,13 +266,14 @@ def _resident(reader, table, row, experts) -> float:
     return max(fractions)
 
 
-def _check(fd, arena, layout, table, row, experts, path) -> None:
-    """The slots hold the file's bytes (read back through a plain buffered fd)."""
+def _check(fd, arena, layout, table, source, row, experts, path) -> None:
+    """The slots hold the model file's bytes (read back through a plain buffered fd); `source`
+    is the table the slots were read by (the model's, or its pack's)."""
     for k, e in enumerate(experts):
         slot = arena.slot(k)
         for p in range(3):
             off, n = int(table.offsets[row, e, p]), int(table.nbytes[row, e, p])
-            v = layout.view_offset(off, p)
+            v = layout.view_offset(int(source.offsets[row, e, p]), p, row)
             if slot[v : v + n].tobytes() != os.pread(fd, n, off):
                 raise ReadError(
                     f"{path}: slot bytes differ from the file for layer "

@@ -209,7 +209,6 @@ def write_pack(model, out=None, route_log=None, progress=None) -> Path:
     else:
         order = np.tile(np.arange(table.n_expert, dtype=np.int64), (len(table.layers), 1))
         order_from = "expert id"
-    position = np.argsort(order, axis=1)  # [L, E]
     starts, records = record_layout(table)
     data_bytes = sum(r * table.n_expert for r in records)
     header = {
@@ -227,14 +226,13 @@ def write_pack(model, out=None, route_log=None, progress=None) -> Path:
     }
     if not (table.nbytes == table.nbytes[:, :1, :]).all():
         raise PackError(f"{model.path}: experts of one layer differ in size; cannot pack")
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    data_offset = align_up(len(MAGIC) + 4 + len(blob) + 64)
-    header["data_offset"] = data_offset
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    if len(MAGIC) + 4 + len(blob) > data_offset:
-        data_offset = align_up(len(MAGIC) + 4 + len(blob) + 64)
-        header["data_offset"] = data_offset
-        blob = json.dumps(header, separators=(",", ":")).encode()
+    # the data starts at the first page boundary after the header, data_offset included
+    data_offset = 0
+    while True:
+        blob = json.dumps({**header, "data_offset": data_offset}, separators=(",", ":")).encode()
+        if data_offset >= len(MAGIC) + 4 + len(blob):
+            break
+        data_offset = align_up(len(MAGIC) + 4 + len(blob))
     total = data_offset + data_bytes
     out.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(out.parent).free

@@ -57,6 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=9, help="repetitions (default 9)")
     p.add_argument("--layer", type=int, default=None, help="fixed MoE layer (default: random)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--pack",
+        metavar="PATH",
+        help="also read the same experts from this pack (sdq pack): one read per expert, and "
+        "merged (neighbouring records in one preadv)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -75,6 +81,7 @@ def run(args) -> int:
         repeat=args.repeat,
         layer=args.layer,
         seed=args.seed,
+        pack=args.pack,
     )
     rows = measure_layer_miss(args.model, settings)
     path = Path(args.model)
@@ -96,13 +103,13 @@ def run(args) -> int:
     )
     print(f"cache mode: {args.cache_mode} ({note})")
     print(
-        f"{'misses':>6} {'config':<14} {'median ms':>10} {'min':>8} {'max':>8} {'GB/s':>7} "
+        f"{'misses':>6} {'config':<18} {'median ms':>10} {'min':>8} {'max':>8} {'GB/s':>7} "
         f"{'MB':>7} {'cached':>7}  vs best other mode"
     )
     for r in rows:
         vs = f"{r.ratio_to_best_other:.2f}x ({r.best_other})" if r.best_other else "-"
         print(
-            f"{r.misses:>6} {r.label:<14} {r.median_ms:>10.2f} {r.min_ms:>8.2f} "
+            f"{r.misses:>6} {r.label:<18} {r.median_ms:>10.2f} {r.min_ms:>8.2f} "
             f"{r.max_ms:>8.2f} {r.gb_s:>7.2f} {r.expert_bytes / MB:>7.1f} "
             f"{r.resident_before:>6.0%}  {vs}"
         )

@@ -31,6 +31,7 @@ class RunConfig:
     limit: MemoryLimit = field(default_factory=MemoryLimit)
     file_cache: str = "dropped"
     meta: tuple[tuple[str, object], ...] = ()  # table columns: (name, value)
+    pack: str = ""  # the pack the run reads experts from (its pages dropped too), or ""
 
     def __post_init__(self):
         if self.file_cache not in FILE_CACHE:

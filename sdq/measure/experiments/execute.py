@@ -88,7 +88,11 @@ def run_config(
     # share of the routed experts' bytes cached right after the run (its dense weights, read
     # once at load, are left out): pages another process read meanwhile, or pages the run
     # itself left behind
-    cached_after = limits.file_resident_fraction(config.model, expert_ranges(config.model))
+    cached_after = (
+        limits.file_resident_fraction(config.pack)
+        if config.pack
+        else limits.file_resident_fraction(config.model, expert_ranges(config.model))
+    )
     result = _parse(stdout) if rc == 0 else None
     status, kind, error = classify(rc, stderr, timed_out, cg.get("cgroup_oom_kills", 0), result)
     row = {
@@ -142,6 +146,8 @@ def _prepare_cache(config: RunConfig, system_drop: bool, cold_wait_s: float) -> 
             if system_drop:
                 limits.drop_system_cache()
             cached = limits.drop_file_cache(config.model)
+            if config.pack:  # the experts are read from the pack: its share is the one asked
+                cached = limits.drop_file_cache(config.pack)
             if cached <= COLD_SHARE or time.monotonic() > deadline:
                 return cached
             time.sleep(DROP_RETRY_S)

@@ -5,6 +5,8 @@
                      next-layer prefetch off (as in the seed) and on (the engine's default)
     threads     T4   the io suite's runs, and parallel at each I/O thread count (000 §3)
     split       T5   split 1, 2, 4, 8 x I/O thread counts x page cache cold / warm (000 §4.1, 003)
+    pack        T4_pack  three reads per expert from the GGUF vs one from its pack
+                     (`pack_path`, sdq pack) vs the pack's neighbours merged into one preadv
     profile     T11  `sdq chat --profile`: ms per token per op category, serial and parallel
     memory      T9   ubatch sweep under a RAM limit, plan-based vs the seed's sizing (000 §5.1)
     reserve     T10  the seed's three reserves at a fixed budget: slots, peak RSS vs budget,
@@ -59,18 +61,28 @@ from pathlib import Path
 from sdq.errors import ParamsError
 from sdq.measure.experiments.config import FILE_CACHE, RunConfig
 from sdq.measure.limits import METHODS, MemoryLimit
-from sdq.paging.reads import CACHE_MODES, MODES
+from sdq.paging.reads import CACHE_MODES
 from sdq.units import MIB
 
-SUITES = ("layer-miss", "io", "threads", "split", "profile", "memory", "reserve", "budgets")
-ROTATED_SUITES = ("io", "threads", "split", "profile")  # order rotated by one each repeat
+SUITES = (
+    "layer-miss",
+    "io",
+    "threads",
+    "split",
+    "pack",
+    "profile",
+    "memory",
+    "reserve",
+    "budgets",
+)
+ROTATED_SUITES = ("io", "threads", "split", "pack", "profile")  # order rotated by one each repeat
 PREFETCH = ("off", "on")  # off: --prefetch-next 0; on: the engine's default
 PAGE_CACHE = ("cold", "warm")  # the split suite's page-cache conditions (see the docstring)
 SIZINGS = ("plan", "seed")
 # seed 000 §5.2: arena slots at reserve 700, 900 and 1150 MB under the 8 GB budget
 SEED_RESERVE_SLOTS = ((700, 2039), (900, 1936), (1150, 1808))
 # the I/O modes the profile suite compares: split needs a piece count and has its own suite
-PROFILE_IO_MODES = tuple(m for m in MODES if m != "split")
+PROFILE_IO_MODES = ("serial", "parallel")
 DEFAULT_PROMPT = "Explain in three sentences how SSD, RAM and CPU caches form a memory hierarchy."
 
 
@@ -108,6 +120,10 @@ class Settings:
     splits: tuple[int, ...] = (1, 2, 4, 8)
     split_io_threads: tuple[int, ...] = (8,)
     split_cache: tuple[str, ...] = PAGE_CACHE
+    # pack (T4_pack): the pack to compare with the GGUF (sdq pack); "": the suite cannot run
+    pack_path: str = ""
+    pack_io_threads: int = 8
+    pack_prefetch: str = "off"
     # layer-miss (T3)
     layer_miss_misses: tuple[int, ...] = (1, 2, 4, 8)  # experts of the layer missing
     layer_miss_modes: tuple[str, ...] = ("serial", "parallel")
@@ -195,6 +211,7 @@ class Settings:
                 f"ab_prefetch {self.ab_prefetch}, prefetch {self.prefetch!r}: {PREFETCH}",
             ),
             (set(self.split_cache) <= set(PAGE_CACHE), f"split_cache {self.split_cache}"),
+            (self.pack_prefetch in PREFETCH, f"pack_prefetch {self.pack_prefetch!r}: {PREFETCH}"),
             (
                 bool(self.layer_miss_misses) and min(self.layer_miss_misses) >= 1,
                 f"layer_miss_misses {self.layer_miss_misses}: counts >= 1",
@@ -524,6 +541,31 @@ class SuiteBuilder:
             for cache in s.split_cache
             for n in s.split_io_threads
             for k in s.splits
+        ]
+
+    def pack(self) -> list[RunConfig]:
+        """Three reads per expert (the GGUF, mode parallel) vs one (its pack) vs the pack with
+        neighbouring records merged (mode merged), at pack_io_threads."""
+        s = self.s
+        if not s.pack_path:
+            raise ParamsError("suite pack: set pack_path to a pack of the model (sdq pack)")
+        from sdq.paging.pack import open_pack
+
+        open_pack(self.m, s.pack_path)  # a pack of another model fails here, in one line
+        n, pf = s.pack_io_threads, s.pack_prefetch
+        out = [
+            self._io_config(
+                "pack", f"gguf x{n}", "parallel", n, prefetch=pf, extra=("--pack", "none")
+            )
+        ]
+        for label, mode in (("pack", "parallel"), ("pack merged", "merged")):
+            c = self._io_config(
+                "pack", f"{label} x{n}", mode, n, prefetch=pf, extra=("--pack", s.pack_path)
+            )
+            out.append(dataclasses.replace(c, pack=s.pack_path))
+        return [
+            dataclasses.replace(c, meta=(*c.meta, ("source", "gguf" if i == 0 else "pack")))
+            for i, c in enumerate(out)
         ]
 
     def profile(self) -> list[RunConfig]:

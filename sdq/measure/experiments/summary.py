@@ -231,6 +231,7 @@ SUITE_COLUMNS = {
     "threads": (["label", "io_mode", "io_threads", "split", "prefetch"], IO_METRICS),
     "split": (["label", "io_mode", "io_threads", "split", "prefetch", "page_cache"], IO_METRICS),
     "profile": (["label", "io_mode", "io_threads", "prefetch"], IO_METRICS),
+    "pack": (["label", "source", "io_mode", "io_threads", "prefetch"], IO_METRICS),
     "memory": (
         ["label", "sizing", "ubatch", "compute_buffer_mb", "budget_mb", "limit_method"],
         MEMORY_METRICS,
