@@ -192,6 +192,17 @@ def _sub_min(mins, bs, t, b, j):
 
 
 @inline
+def _block_sums(isum, mins, bs, t, b):
+    """(the block's integer dot: isum's 8 lanes summed, its min term: mins[j] x the token's
+    quants of sub-block j, summed over j) of token t and block b."""
+    tot, imin = np.int32(0), np.int32(0)
+    for k in range(8):
+        tot += isum[k]
+        imin += _sub_min(mins, bs, t, b, k)
+    return tot, imin
+
+
+@inline
 def _min_pair(mins, bs, t, b, p):
     """The min term of sub-blocks 2p and 2p+1 (ggml's pairs of sub-blocks and min lanes)."""
     return _sub_min(mins, bs, t, b, 2 * p) + _sub_min(mins, bs, t, b, 2 * p + 1)
@@ -250,19 +261,13 @@ def _mm_q4_k(raw, rows, cols, qs, d, bs, out, nch, order, ngemm):
                                 acc[t, 0] = fma32(np.float32(ip), sd, acc[t, 0])
                                 acc_m[t, 0] = fma32(np.float32(mp), sm, acc_m[t, 0])
                         else:
-                            tot, imin = np.int32(0), np.int32(0)
-                            for k in range(8):
-                                tot += isum[k]
-                                imin += _sub_min(mins, bs, t, b, k)
+                            tot, imin = _block_sums(isum, mins, bs, t, b)
                             acc[t, 0] = fma32(np.float32(tot), sd, acc[t, 0])
                             acc_m[t, 0] = fma32(np.float32(imin), sm, acc_m[t, 0])
                         continue
                     _lane_dot(w, qs, t, b * QK_K, isum)
                     if order == TILED:
-                        tot, imin = np.int32(0), np.int32(0)
-                        for k in range(8):
-                            tot += isum[k]
-                            imin += _sub_min(mins, bs, t, b, k)
+                        tot, imin = _block_sums(isum, mins, bs, t, b)
                         _tiled_step(acc, t, dx, dw, dmw, tot, imin)
                         continue
                     _fma_lanes(acc, t, dx * dw, isum)
@@ -298,10 +303,7 @@ def _mm_q5_k(raw, rows, cols, qs, d, bs, out, nch, order):
                 for t in range(T):
                     _lane_dot(w, qs, t, b * QK_K, isum)
                     dx = d[t, b]
-                    tot, imin = np.int32(0), np.int32(0)
-                    for k in range(8):
-                        tot += isum[k]
-                        imin += _sub_min(mins, bs, t, b, k)
+                    tot, imin = _block_sums(isum, mins, bs, t, b)
                     if order == TILED:
                         _tiled_step(acc, t, dx, dw, dmw, tot, imin)
                     else:

@@ -3,9 +3,10 @@
 LLVM's auto-vectorizer turns the portable kernels' int8 products into 16-bit multiply-adds
 (``vpmaddwd``: 16 products per 256-bit instruction). ggml's kernels use ``vpmaddubsw``
 instead (unsigned 8-bit x signed 8-bit -> pairwise 16-bit sums: 32 products per
-instruction), unpacking the 4/5/6-bit weights in registers. The Q8_0/Q4_0 functions here do
-the same, one quantization block per call, and return the block's exact integer sum, so
-results are identical to the portable kernels (tests check both against each other). MXFP4's
+instruction), unpacking the 4/5/6-bit weights in registers. The Q4_0 function here does
+the same, one quantization block per call, and returns the block's exact integer sum, so
+results are identical to the portable kernels (tests check both against each other); Q8_0's
+rows are one intrinsic in dot.py (`_dot_q8_0_row`), built on `_Emit` too. MXFP4's
 4-bit codes are looked up in a 16-entry table with ``vpshufb`` before the same product. The
 K-quant products are whole-row tiles in simd_mm.py, built on this module's ``_Emit``.
 
@@ -110,19 +111,6 @@ def load_f16(typingctx, arr, off):
         ptr = cgutils.pointer_add(builder, e.arrays[0].data, args[1])
         h = builder.load(builder.bitcast(ptr, _i16.as_pointer()), align=1)
         return builder.fpext(builder.bitcast(h, ir.HalfType()), ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def dot_q8_0(typingctx, raw, o, x, xo):
-    """sum_i w_i * x[xo + i] for the Q8_0 block at raw[o:o+34] (quants at o+2)."""
-    sig = types.int32(raw, o, x, xo)
-
-    def codegen(context, builder, sig, args):
-        e = _Emit(context, builder, sig, args)
-        _, o_, _, xo_ = args
-        return e.hsum(e.signed_dot(e.load(0, e.off(o_, 2)), e.load(2, xo_)))
 
     return sig, codegen
 
