@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from gguf_builders import Layout, Q, write_model
 
+from sdq.analysis.coactivation import coactivation_order, order_from_log
 from sdq.cli import main
 from sdq.errors import PackError
 from sdq.format.model import open_model
 from sdq.paging.cache import CacheSettings, ExpertCache
 from sdq.paging.pack import (
-    coactivation_order,
     default_path,
     find_pack,
     open_pack,
@@ -58,7 +58,7 @@ def route_log(tmp_path_factory, gguf_path):
 def packed(tmp_path_factory, gguf_path, route_log):
     model = open_model(gguf_path)
     out = tmp_path_factory.mktemp("pack") / "m.sdqpack"
-    write_pack(model, out, route_log=route_log)
+    write_pack(model, out, order_from_log(route_log, model.require_experts()), "the log")
     model.pack = open_pack(model, out)
     return model
 
@@ -269,3 +269,13 @@ def test_the_pack_suite_names_its_arms(packed, gguf_path, tmp_path):
     assert flags == ["none", str(packed.pack.path), str(packed.pack.path)]
     assert [c.pack for c in configs] == ["", str(packed.pack.path), str(packed.pack.path)]
     assert [c.meta_dict["io_mode"] for c in configs] == ["parallel", "parallel", "merged"]
+
+
+def test_a_route_log_of_another_model_is_refused_in_one_line(gguf_path, tmp_path, capsys):
+    log = tmp_path / "other.jsonl"
+    log.write_text(json.dumps({"phase": "decode", "pos": 0, "layer": 0, "experts": [1, 2]}) + "\n")
+    out = tmp_path / "m.sdqpack"
+    assert main(["pack", str(gguf_path), "-o", str(out), "--route-log", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert str(log) in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not out.with_name(out.name + ".tmp").exists()

@@ -9,6 +9,7 @@
     ngram.py       prompt-lookup drafting and the expert reads of batch verification
     engine_log.py  record sdq's own route log (`sdq chat --route-log`) with token ids
     tables.py      the tables of notebook 02 (T6-T8) as DataFrames
+    coactivation.py which experts a token uses together: the order of a pack (sdq pack)
 
 Command line: `sdq routes simulate TRACE`, `sdq routes stats TRACE`.
 

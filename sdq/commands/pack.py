@@ -23,13 +23,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from pathlib import Path
+
     from tqdm import tqdm
 
+    from sdq.analysis.coactivation import order_from_log
     from sdq.format.model import open_model
     from sdq.paging.pack import default_path, open_pack, write_pack
 
     model = open_model(args.model)
-    model.require_experts()
+    table = model.require_experts()
+    order, order_from = None, "expert id"
+    if args.route_log and not args.check:
+        order = order_from_log(args.route_log, table)
+        order_from = f"co-activation in {Path(args.route_log).name}"
     path = args.output or default_path(model.path)
     t0 = time.perf_counter()
     if not args.check:
@@ -41,7 +48,7 @@ def run(args) -> int:
                 bar.total = total
                 bar.update(done - bar.n)
 
-            write_pack(model, path, route_log=args.route_log, progress=progress)
+            write_pack(model, path, order, order_from, progress=progress)
     pack = open_pack(model, path)
     seconds = time.perf_counter() - t0
     size = pack.path.stat().st_size

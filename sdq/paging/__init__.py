@@ -8,6 +8,7 @@
     policies.py  replacement policies (`--cache-policy`) and the slots each one needs
     prefetch.py  next-layer prefetch into streaming slots (lrfu_bypass); the prefetch width
     views.py     an expert's gate / up / down as views of its slot
+    pack.py      the pack (`sdq pack`): every expert as one aligned record, one read each
     checksums.py per-expert checksums of the file's bytes (`--verify`)
     route_log.py the route log (`--route-log`): JSON lines of the router's choices
     io_profile.py the I/O settings a probe recommends (`sdq probe --profile-out`)

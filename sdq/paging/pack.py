@@ -19,11 +19,9 @@ record_bytes[r] fills a slot with the expert, O_DIRECT included, and the records
 next to each other in the order continue each other in the file: the pager's mode `merged`
 reads several with one preadv.
 
-The order. Without a route log a row's experts are in id order. With one (`--route-log`, the
-JSON lines `sdq chat --route-log` writes, or any trace sdq.analysis reads), each row is a chain
-built greedily from the log's co-activation counts: start at the most used expert, then always
-append the unplaced expert used most often together with the last one placed (ties: the more
-used, then the lower id). Experts one token uses together then tend to sit side by side.
+The order. By default a row's experts are in id order; `write_pack(order=...)` takes any
+permutation per row. `sdq pack --route-log` passes the co-activation chain of a route log
+(sdq.analysis.coactivation), so experts one token uses together tend to sit side by side.
 
 JSON: format, version, source (file name, size, SHA-256 of its header bytes and of a sample of
 its expert bytes: the first 4 KiB of each expert tensor), layers, n_expert, nbytes [L][P],
@@ -108,66 +106,6 @@ def source_fingerprint(model) -> dict:
     }
 
 
-# ------------------------------------------------------------------ the order
-
-
-def coactivation_order(experts_tle: np.ndarray, n_expert: int) -> np.ndarray:
-    """int64 [L, E]: per row, the greedy co-activation chain (module docstring).
-
-    experts_tle: int [T, L, K] routed ids per token and row, -1 where not recorded."""
-    T, L, K = experts_tle.shape
-    order = np.zeros((L, n_expert), dtype=np.int64)
-    for row in range(L):
-        ids = experts_tle[:, row, :]  # [T, K]
-        ids = ids[(ids >= 0).all(axis=1)]  # [T', K] tokens recorded for this row
-        hot = np.zeros((len(ids), n_expert), dtype=np.int64)  # [T', E] one-hot per token
-        np.put_along_axis(hot, ids, 1, axis=1)
-        together = hot.T @ hot  # [E, E] tokens that used both
-        used = np.diag(together).copy()  # [E]
-        np.fill_diagonal(together, -1)
-        placed = np.zeros(n_expert, dtype=bool)
-        # most used first, ties to the lower id
-        last = int(np.lexsort((np.arange(n_expert), -used))[0])
-        chain = [last]
-        placed[last] = True
-        for _ in range(n_expert - 1):
-            # score: together with the last, then use, then lower id; placed ones excluded
-            key = np.lexsort((np.arange(n_expert), -used, -together[last]))
-            nxt = int(next(e for e in key if not placed[e]))
-            chain.append(nxt)
-            placed[nxt] = True
-            last = nxt
-        order[row] = chain
-    return order
-
-
-def order_from_log(path, table) -> np.ndarray:
-    """The co-activation order [L, E] from a route log or trace; PackError when it does not
-    fit the model (layers, expert ids)."""
-    from sdq.analysis.readers import read_trace
-
-    trace = read_trace(path, n_expert=table.n_expert)
-    if trace.n_expert != table.n_expert:
-        raise PackError(
-            f"{path}: route log has {trace.n_expert} experts per layer, the model {table.n_expert}"
-        )
-    missing = [lay for lay in table.layers if lay not in trace.layer_ids]
-    if missing:
-        raise PackError(
-            f"{path}: route log has no routes for MoE layer {missing[0]} "
-            f"({len(missing)} of {len(table.layers)} layers missing)"
-        )
-    cols = [trace.layer_ids.index(lay) for lay in table.layers]
-    parts = []
-    for seq in trace.sequences:
-        for phase in (seq.prefill, seq.decode):
-            if phase is not None and phase.n_tokens:
-                parts.append(phase.experts[:, cols, :])  # [T, L, K]
-    if not parts:
-        raise PackError(f"{path}: route log has no routed tokens")
-    return coactivation_order(np.concatenate(parts, axis=0), table.n_expert)
-
-
 # ------------------------------------------------------------------ layout
 
 
@@ -196,19 +134,21 @@ def _packed_table(table, data_offset, starts, records, position):
 # ------------------------------------------------------------------ writing
 
 
-def write_pack(model, out=None, route_log=None, progress=None) -> Path:
+def write_pack(model, out=None, order=None, order_from="expert id", progress=None) -> Path:
     """Writes the pack of `model` to `out` (default: beside the model) and returns its path.
 
-    Written to `out`.tmp, flushed to disk and renamed, so no half pack is ever found.
-    `progress(done_bytes, total_bytes)` is called after each row."""
+    order: int [L, E], the expert at each position of each row (None: id order); order_from:
+    what it came from, kept in the header. Written to `out`.tmp, flushed to disk and renamed,
+    so no half pack is ever found. `progress(done_bytes, total_bytes)` is called after each
+    row."""
     table = model.require_experts()
     out = Path(out) if out is not None else default_path(model.path)
-    if route_log is not None:
-        order = order_from_log(route_log, table)
-        order_from = f"co-activation in {Path(route_log).name}"
-    else:
-        order = np.tile(np.arange(table.n_expert, dtype=np.int64), (len(table.layers), 1))
-        order_from = "expert id"
+    shape = (len(table.layers), table.n_expert)
+    if order is None:
+        order = np.tile(np.arange(table.n_expert, dtype=np.int64), (shape[0], 1))
+    order = np.asarray(order, dtype=np.int64)  # [L, E]
+    if order.shape != shape or not (np.sort(order, axis=1) == np.arange(shape[1])).all():
+        raise PackError(f"pack order: expected a permutation of {shape[1]} experts per row")
     starts, records = record_layout(table)
     data_bytes = sum(r * table.n_expert for r in records)
     header = {
