@@ -279,3 +279,30 @@ def test_a_route_log_of_another_model_is_refused_in_one_line(gguf_path, tmp_path
     err = capsys.readouterr().err
     assert str(log) in err and len(err.strip().splitlines()) == 1
     assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
+
+
+def test_bench_layer_miss_runs_fio_beside_it(packed, gguf_path, capsys):
+    from sdq.measure.fio import fio_binary
+
+    args = ["bench", "layer-miss", str(gguf_path), "--pack", str(packed.pack.path), "--fio"]
+    args += ["--misses", "2", "--mode", "parallel", "--io-threads", "4", "--repeat", "3"]
+    assert main([*args, "--cache-mode", "dontneed"]) == 2  # fio would re-read cached pages
+    assert "--cache-mode direct" in capsys.readouterr().err
+    code = main([*args, "--cache-mode", "direct", "--json"])
+    if fio_binary() is None:
+        assert code == 2 and "fio is not installed" in capsys.readouterr().err
+        return
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    jobs = {r["label"]: r["fio_jobs"] for r in rows}
+    # 2 experts: 6 segment reads on 4 threads; the pack: 2 reads (merged: 1 or 2)
+    assert jobs["parallel x4"] == 4 and jobs["pack x4"] == 2 and jobs["pack merged x4"] in (1, 2)
+    for r in rows:
+        assert r["fio_gb_s"] > 0 and r["ratio_to_fio"] == pytest.approx(
+            r["device_gb_s"] / r["fio_gb_s"]
+        )
+        assert r["fio_page_bytes"] in (4096, 2 << 20)
+    records = set(packed.pack.record_bytes)
+    for r in rows:
+        sizes = {int(part.split("/")[0]) for part in r["fio_bssplit"].split(":")}
+        assert (sizes <= records) == (r["source"] == "pack")  # fio reads what sdq read

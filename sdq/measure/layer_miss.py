@@ -16,8 +16,16 @@ repetition on the same experts, in an order rotated by one each repetition so dr
 favour one; the per-repetition times are kept (`Row.times_ms`), so two configurations give one
 pair per repetition. With a pack (`pack`, sdq.paging.pack), every misses x thread count also
 reads the same experts from the pack: "pack" (one read per expert) and "pack merged" (experts
-whose records lie side by side read with one preadv). Reported per configuration: median wall
-time from submit to the last byte,
+whose records lie side by side read with one preadv). With `fio`, fio reads the same file
+next to it (sdq.measure.fio): per configuration the same read lengths (a bssplit of the reads
+sdq issued) with as many jobs as sdq had reads in flight (the I/O threads, or fewer when the
+layer has fewer reads), O_DIRECT as sdq (cache mode direct only: fio cannot drop pages after
+each read, so in a longer run it would re-read pages it cached), into buffers on huge pages
+like the arena's where they can be reserved, for `fio_seconds`, at three points of the run (first,
+middle and last repetition, after sdq's reads): `device_gb_s` / fio's median is the ratio to
+fio. fio streams reads back to back while a layer waits for its slowest read, so the ratio also
+holds what that wait costs. Reported per configuration: median wall time from submit to the
+last byte,
 GB/s of expert bytes at that median, and the ratio to the best configuration of another mode
 with the same misses (> 1: slower). The slot bytes of each configuration are checked against the
 file once. `sdq bench layer-miss` prints the rows.
@@ -61,6 +69,8 @@ class LayerMissSettings:
     # the warmed page cache (cache_mode pagecache); None: this machine's device
     device_model: str | None = None
     pack: str | None = None  # a pack of the model: its rows too (module docstring)
+    fio: bool = False  # fio on the same reads beside every configuration (module docstring)
+    fio_seconds: float = 0.5
 
     def configurations(self) -> list[tuple[int, str, int, int, str]]:
         """(misses, mode, split, io_threads, source) of every configuration, in the order
@@ -94,6 +104,12 @@ class Row:
     late_reads: int = 0  # under emulation: reads whose bytes came after their emulated end
     mean_lag_us: float = 0.0  # under emulation: how long after its emulated end a read ended
     source: str = "gguf"  # the file read: the GGUF (three reads per expert) or its pack
+    device_gb_s: float = float("nan")  # device bytes requested / median time
+    fio_gb_s: float = float("nan")  # fio's median over its runs (nan: not run)
+    fio_jobs: int = 0  # fio's jobs: the reads sdq had in flight
+    fio_page_bytes: int = 0  # page size of fio's buffers
+    ratio_to_fio: float = float("nan")  # device_gb_s / fio_gb_s
+    fio_bssplit: str = ""
 
     @property
     def kind(self) -> str:
@@ -139,6 +155,17 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
         )
     if st.repeat < 1:
         raise ParamsError(f"--repeat {st.repeat}: expected >= 1")
+    if st.fio:
+        from sdq.measure.fio import fio_binary
+
+        if st.cache_mode != "direct" or st.device_model is not None:
+            raise ParamsError(
+                "--fio compares O_DIRECT reads of this machine's device: use --cache-mode "
+                "direct without --device-model (fio cannot drop pages after each read, and a "
+                "longer fio run would re-read pages it cached)"
+            )
+        if fio_binary() is None:
+            raise ParamsError("--fio: fio is not installed (apt-get install fio)")
     model = open_model(path)
     table = model.require_experts()
     if not st.misses:
@@ -179,6 +206,11 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
     resident = dict.fromkeys(configs, 0.0)
     nbytes = {c: [] for c in configs}
     warm = st.cache_mode == "pagecache" and emu is None  # emulated: warmed at open
+    lengths = {c: [] for c in configs}  # every read's length (bytes), for fio's bssplit
+    in_flight = {c: [] for c in configs}  # per repetition: reads sdq had in flight at once
+    fio_mb_s = {c: [] for c in configs}
+    fio_at = _fio_points(st) if st.fio else ()
+    fio_memory = None
     try:
         for r in range(st.repeat):
             row = (
@@ -207,14 +239,26 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 batch, device = reader.submit(row, experts, addrs, arena)
                 batch.wait_all()
                 times[c].append((time.perf_counter_ns() - t0) / 1e6)  # ns -> ms
+                if fio_at:
+                    reads, _ = reader.plan(row, experts, addrs)  # [R, 7]
+                    lengths[c].extend(int(v) for v in reads[:, 2])
+                    in_flight[c].append(min(n, len(set(reads[:, 5].tolist()))))
                 nbytes[c].append((int(table.nbytes[row, experts].sum()), device))
                 if r == 0:
                     _check(check_fd, arena, layouts[src], table, source, row, experts, model.path)
+            if r in fio_at:
+                if fio_memory is None:
+                    fio_memory = _fio_memory(configs, lengths, in_flight)
+                for c in order:
+                    path = readers[c[4]].path
+                    fio_mb_s[c].append(_fio_run(path, st, lengths[c], in_flight[c], fio_memory))
         if not warm:
             for reader in readers.values():
                 reader.drop_cache()
         emulated = [sum(v) for v in zip(*(rd.emulated() for rd in readers.values()), strict=True)]
     finally:
+        if fio_memory is not None:
+            fio_memory.close()
         os.close(check_fd)
         for reader in readers.values():
             reader.close()
@@ -246,8 +290,16 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 late_reads=emulated[1],
                 mean_lag_us=emulated[2] / max(emulated[0] - emulated[1], 1) / 1e3,
                 source=src,
+                device_gb_s=db / med / 1e6,
             )
         )
+        if fio_mb_s[c]:
+            row = rows[-1]
+            row.fio_gb_s = statistics.median(v for v, _ in fio_mb_s[c]) / 1e3
+            row.fio_page_bytes = min(p for _, p in fio_mb_s[c])
+            row.fio_jobs = _jobs(in_flight[c])
+            row.fio_bssplit = _bssplit(lengths[c])
+            row.ratio_to_fio = row.device_gb_s / row.fio_gb_s
     for row_ in rows:
         others = [o for o in rows if o.kind != row_.kind and o.misses == row_.misses]
         if others:
@@ -255,6 +307,61 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
             row_.best_other = best.label
             row_.ratio_to_best_other = row_.median_ms / best.median_ms
     return rows
+
+
+def _fio_points(st: LayerMissSettings) -> tuple[int, ...]:
+    """The repetitions after which fio runs: the first, the middle and the last."""
+    return tuple(sorted({0, st.repeat // 2, st.repeat - 1}))
+
+
+def _jobs(in_flight: list[int]) -> int:
+    return max(1, int(statistics.median(in_flight)))
+
+
+def _bssplit(lengths: list[int]) -> str:
+    from sdq.measure.fio import bssplit
+
+    return bssplit(lengths)
+
+
+class _FioBuffers:
+    """fio's buffer memory for the whole run: huge pages reserved once (sdq.measure.fio)."""
+
+    def __init__(self, pages: int):
+        from sdq.measure.fio import huge_page_buffers
+
+        self._ctx = huge_page_buffers(pages)
+        self.memory = self._ctx.__enter__()
+
+    def close(self) -> None:
+        self._ctx.__exit__(None, None, None)
+
+
+def _fio_memory(configs, lengths, in_flight) -> _FioBuffers:
+    from sdq.measure.fio import huge_pages_for
+
+    longest = max(max(v) for v in lengths.values() if v)
+    jobs = max(_jobs(v) for v in in_flight.values() if v)
+    return _FioBuffers(huge_pages_for(longest, jobs))
+
+
+def _fio_run(path, st: LayerMissSettings, lengths, in_flight, buffers) -> tuple[float, int]:
+    """(MB/s, buffer page bytes) of one fio run on this configuration's reads."""
+    from sdq.measure.fio import run_fio
+
+    jobs = _jobs(in_flight)
+    mean = int(sum(lengths) / len(lengths))
+    stats = run_fio(
+        path,
+        size=mean,
+        threads=jobs,
+        reads=len(lengths),
+        cache_mode=st.cache_mode,
+        split=_bssplit(lengths),
+        runtime_s=st.fio_seconds,
+        memory=buffers.memory,
+    )
+    return stats.mb_s, stats.page_bytes
 
 
 def _resident(reader, table, row, experts) -> float:

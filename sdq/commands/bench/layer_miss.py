@@ -63,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also read the same experts from this pack (sdq pack): one read per expert, and "
         "merged (neighbouring records in one preadv)",
     )
+    p.add_argument(
+        "--fio",
+        action="store_true",
+        help="run fio beside every configuration: the same read lengths, as many jobs as reads "
+        "in flight, huge-page buffers where they can be reserved (--cache-mode direct only)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -82,6 +88,7 @@ def run(args) -> int:
         layer=args.layer,
         seed=args.seed,
         pack=args.pack,
+        fio=args.fio,
     )
     rows = measure_layer_miss(args.model, settings)
     path = Path(args.model)
@@ -104,13 +111,13 @@ def run(args) -> int:
     print(f"cache mode: {args.cache_mode} ({note})")
     print(
         f"{'misses':>6} {'config':<18} {'median ms':>10} {'min':>8} {'max':>8} {'GB/s':>7} "
-        f"{'MB':>7} {'cached':>7}  vs best other mode"
+        f"{'MB':>7} {'cached':>7} {'÷ fio':>6}  vs best other mode"
     )
     for r in rows:
         vs = f"{r.ratio_to_best_other:.2f}x ({r.best_other})" if r.best_other else "-"
         print(
             f"{r.misses:>6} {r.label:<18} {r.median_ms:>10.2f} {r.min_ms:>8.2f} "
             f"{r.max_ms:>8.2f} {r.gb_s:>7.2f} {r.expert_bytes / MB:>7.1f} "
-            f"{r.resident_before:>6.0%}  {vs}"
+            f"{r.resident_before:>6.0%} {r.ratio_to_fio:>6.2f}  {vs}"
         )
     return 0

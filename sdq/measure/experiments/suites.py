@@ -129,6 +129,8 @@ class Settings:
     layer_miss_modes: tuple[str, ...] = ("serial", "parallel")
     layer_miss_io_threads: tuple[int, ...] = (8, 16, 24)
     layer_miss_repeat: int = 31  # the benchmark's own repetitions per run
+    # fio beside every configuration (when fio is installed and cache_mode is direct)
+    layer_miss_fio: bool = True
     # profile (T11)
     profile_io_modes: tuple[str, ...] = PROFILE_IO_MODES
     # memory (T9) and reserve (T10)
@@ -603,6 +605,11 @@ class SuiteBuilder:
             "--seed",
             str(s.seed),
         )
+        if s.layer_miss_fio and s.cache_mode == "direct":
+            from sdq.measure.fio import fio_binary
+
+            if fio_binary() is not None:  # without fio the table has no fio column
+                args += ("--fio",)
         # the benchmark drops (or warms) the experts' pages itself before every timed read
         return [RunConfig("layer-miss", "layer-miss", args, self.model, MemoryLimit(), "untouched")]
 

@@ -261,12 +261,14 @@ def suite_table(suite: str, rows: Sequence[dict]):
             return lm
         by = ["misses", "label", "mode", "split", "io_threads", "cache_mode"]
         g = lm.groupby(by, sort=False)
+        fio = {"fio_gb_s": ("fio_gb_s", "median"), "ratio_to_fio": ("ratio_to_fio", "median")}
         return g.agg(
             median_ms=("median_ms", "median"),
             min_ms=("min_ms", "min"),
             max_ms=("max_ms", "max"),
             gb_s=("gb_s", "median"),
             resident_before=("resident_before", "max"),
+            **{k: v for k, v in fio.items() if v[0] in lm},
         ).reset_index()
     by, metrics = SUITE_COLUMNS[suite]
     spread_of = ("decode_tok_s", "expert_io_ms_per_token", "prefill_tok_s")
