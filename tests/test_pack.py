@@ -246,6 +246,15 @@ def test_bench_layer_miss_reads_the_pack_too(packed, gguf_path, capsys):
         for m in (1, 3)
         for lab, src in [("parallel x2", "gguf"), ("pack x2", "pack"), ("pack merged x2", "pack")]
     ]
+    split = [*args[:-6], "--mode", "serial,split", "--split", "2", "--io-threads", "2"]
+    assert main([*split, "--repeat", "2", "--cache-mode", "direct", "--json"]) == 0
+    split_rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["label"] for r in split_rows if r["misses"] == 1] == [
+        "serial x2",
+        "split2 x2",
+        "pack split2 x2",
+        "pack merged x2",
+    ]
     for r in rows:  # same experts, same bytes; the pack reads whole 4096-aligned records
         same = [o for o in rows if o["misses"] == r["misses"]]
         assert {o["expert_bytes"] for o in same} == {r["expert_bytes"]}
@@ -263,12 +272,14 @@ def test_the_pack_suite_names_its_arms(packed, gguf_path, tmp_path):
     assert [c.label for c in configs] == [
         "gguf x3 prefetch off",
         "pack x3 prefetch off",
+        "pack split3 x3 prefetch off",
         "pack merged x3 prefetch off",
     ]
-    flags = [c.args[c.args.index("--pack") + 1] for c in configs]
-    assert flags == ["none", str(packed.pack.path), str(packed.pack.path)]
-    assert [c.pack for c in configs] == ["", str(packed.pack.path), str(packed.pack.path)]
-    assert [c.meta_dict["io_mode"] for c in configs] == ["parallel", "parallel", "merged"]
+    p = str(packed.pack.path)
+    assert [c.args[c.args.index("--pack") + 1] for c in configs] == ["none", p, p, p]
+    assert [c.pack for c in configs] == ["", p, p, p]
+    assert [c.meta_dict["io_mode"] for c in configs] == ["parallel", "parallel", "split", "merged"]
+    assert [c.args[c.args.index("--io-split") + 1] for c in configs] == ["1", "1", "3", "1"]
 
 
 def test_a_route_log_of_another_model_is_refused_in_one_line(gguf_path, tmp_path, capsys):

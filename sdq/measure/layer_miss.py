@@ -15,8 +15,9 @@ are dropped from the page cache (dontneed), bypassed (direct) or warmed with one
 repetition on the same experts, in an order rotated by one each repetition so drift does not
 favour one; the per-repetition times are kept (`Row.times_ms`), so two configurations give one
 pair per repetition. With a pack (`pack`, sdq.paging.pack), every misses x thread count also
-reads the same experts from the pack: "pack" (one read per expert) and "pack merged" (experts
-whose records lie side by side read with one preadv). With `fio`, fio reads the same file
+reads the same experts from the pack: "pack" (one read per expert), "pack splitN" (with mode
+split: each record cut into N chunks) and "pack merged" (experts whose records lie side by
+side read with one preadv). With `fio`, fio reads the same file
 next to it (sdq.measure.fio): per configuration the same read lengths (a bssplit of the reads
 sdq issued) with as many jobs as sdq had reads in flight (the I/O threads, or fewer when the
 layer has fewer reads), O_DIRECT as sdq (cache mode direct only: fio cannot drop pages after
@@ -115,7 +116,9 @@ class Row:
     def kind(self) -> str:
         """The read layout without the thread count: serial, split4, pack, pack merged..."""
         if self.source == "pack":
-            return "pack merged" if self.mode == "merged" else "pack"
+            if self.mode in ("merged", "split"):
+                return f"pack {'merged' if self.mode == 'merged' else f'split{self.split}'}"
+            return "pack"
         return f"split{self.split}" if self.mode == "split" else self.mode
 
     @property
@@ -130,10 +133,11 @@ def configurations(misses, modes, splits, threads, pack=False) -> list[tuple]:
             for n in threads:
                 for s in splits if mode == "split" else [1]:
                     out.append((m, mode, s, n, "gguf"))
-        if pack:
-            for mode in ("parallel", "merged"):
+        if pack:  # serial reads a record as parallel does: one read
+            for mode in [*(v for v in modes if v not in ("serial", "merged")), "merged"]:
                 for n in threads:
-                    out.append((m, mode, 1, n, "pack"))
+                    for s in splits if mode == "split" else [1]:
+                        out.append((m, mode, s, n, "pack"))
     return out
 
 

@@ -6,7 +6,8 @@
     threads     T4   the io suite's runs, and parallel at each I/O thread count (000 §3)
     split       T5   split 1, 2, 4, 8 x I/O thread counts x page cache cold / warm (000 §4.1, 003)
     pack        T4_pack  three reads per expert from the GGUF vs one from its pack
-                     (`pack_path`, sdq pack) vs the pack's neighbours merged into one preadv
+                     (`pack_path`, sdq pack) vs each record cut into `pack_split` chunks vs
+                     the pack's neighbours merged into one preadv
     profile     T11  `sdq chat --profile`: ms per token per op category, serial and parallel
     memory      T9   ubatch sweep under a RAM limit, plan-based vs the seed's sizing (000 §5.1)
     reserve     T10  the seed's three reserves at a fixed budget: slots, peak RSS vs budget,
@@ -124,6 +125,7 @@ class Settings:
     pack_path: str = ""
     pack_io_threads: int = 8
     pack_prefetch: str = "off"
+    pack_split: int = 3  # the arm "pack splitN": each record cut into N chunks (1: no such arm)
     # layer-miss (T3)
     layer_miss_misses: tuple[int, ...] = (1, 2, 4, 8)  # experts of the layer missing
     layer_miss_modes: tuple[str, ...] = ("serial", "parallel")
@@ -546,23 +548,33 @@ class SuiteBuilder:
         ]
 
     def pack(self) -> list[RunConfig]:
-        """Three reads per expert (the GGUF, mode parallel) vs one (its pack) vs the pack with
-        neighbouring records merged (mode merged), at pack_io_threads."""
+        """Three reads per expert (the GGUF, mode parallel) vs one (its pack) vs its records
+        cut into pack_split chunks vs the pack with neighbouring records merged (mode merged),
+        at pack_io_threads."""
         s = self.s
         if not s.pack_path:
             raise ParamsError("suite pack: set pack_path to a pack of the model (sdq pack)")
         from sdq.paging.pack import open_pack
 
         open_pack(self.m, s.pack_path)  # a pack of another model fails here, in one line
-        n, pf = s.pack_io_threads, s.pack_prefetch
+        n, pf, k = s.pack_io_threads, s.pack_prefetch, s.pack_split
         out = [
             self._io_config(
                 "pack", f"gguf x{n}", "parallel", n, prefetch=pf, extra=("--pack", "none")
             )
         ]
-        for label, mode in (("pack", "parallel"), ("pack merged", "merged")):
+        arms = [("pack", "parallel", 1), ("pack merged", "merged", 1)]
+        if k > 1:
+            arms.insert(1, (f"pack split{k}", "split", k))
+        for label, mode, split in arms:
             c = self._io_config(
-                "pack", f"{label} x{n}", mode, n, prefetch=pf, extra=("--pack", s.pack_path)
+                "pack",
+                f"{label} x{n}",
+                mode,
+                n,
+                split=split,
+                prefetch=pf,
+                extra=("--pack", s.pack_path),
             )
             out.append(dataclasses.replace(c, pack=s.pack_path))
         return [
