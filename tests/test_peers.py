@@ -354,3 +354,28 @@ def test_warm_runs_follow_each_cold_cap_and_read_less(tiny_model):
         assert warm["prefill_device_mb"] < cold["prefill_device_mb"] + cold["load_device_mb"]
     modes = [(r["mode"], r["cap_mb"]) for r in res.summary()]
     assert modes.index(("capped", 700.0)) < modes.index(("warm", 700.0))
+
+
+def test_children_run_with_one_openblas_thread_unless_told(monkeypatch):
+    """The peers' children start with `python -m sdq.measure.peers`, not through sdq.cli: they
+    get the same single OpenBLAS thread (its spinning threads took the cores from the compute)."""
+    import sdq.measure.peers as peers
+
+    seen = []
+
+    class FakePopen:
+        def __init__(self, cmd, **kw):
+            seen.append(kw["env"])
+            self.returncode = 0
+
+        def communicate(self, timeout=None):
+            return "", ""
+
+    monkeypatch.setattr(peers.subprocess, "Popen", FakePopen)
+    s = peers.PeerSettings(model="m.gguf", prompt_ids=(1, 2))
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    peers._spawn(["x"], None, s)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    peers._spawn(["x"], None, s)
+    assert [e["OPENBLAS_NUM_THREADS"] for e in seen] == ["1", "3"]
+    assert all(e["OMP_WAIT_POLICY"] == s.omp_wait_policy for e in seen)

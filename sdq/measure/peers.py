@@ -390,6 +390,11 @@ def run_one(
 def _spawn(cmd: list[str], preexec, settings: PeerSettings) -> tuple[int, str, str]:
     timeout_s = settings.timeout_s
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY=settings.omp_wait_policy)
+    # one OpenBLAS thread, as `sdq` itself runs (sdq.cli.cap_native_threads): a child started
+    # with `python -m sdq.measure.peers` would otherwise get an OpenBLAS thread per core, whose
+    # spinning after each F32 router product took the two cores from the compute (capped
+    # decode measured 18.4 tok/s that way, 25.8 with one thread, same file and cap)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     p = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
