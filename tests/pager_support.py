@@ -122,3 +122,28 @@ def last_expert(model: FakeModel) -> tuple[int, int]:
     r, e, _ = np.unravel_index(int(end.argmax()), end.shape)
     assert int(end.max()) == len(model.data)
     return t.layers[int(r)], int(e)
+
+
+def plans_match_the_loop(reader, layout, modes, rounds: int, seed: int):
+    """Random requests (mode, split, row, experts, slot addresses) through `reader.plan`, each
+    checked against the plain loop `plan_reads_ref`; yields (mode, row, experts, reads)."""
+    from sdq.paging.reads import IOSettings, plan_reads_ref
+
+    t = reader.table
+    rng = np.random.default_rng(seed)
+    for _ in range(rounds):
+        mode = modes[int(rng.integers(len(modes)))]
+        io = IOSettings(
+            threads=2, mode=mode, split=int(rng.integers(1, 9)), cache_mode=reader.io.cache_mode
+        )
+        reader.set_io(io)  # a new split must drop the templates built for the old one
+        row = int(rng.integers(len(t.layers)))
+        k = int(rng.integers(1, t.n_expert + 1))
+        experts = [int(e) for e in rng.choice(t.n_expert, k, replace=False)]
+        addrs = [(1 << 32) + 4096 * int(s) * layout.slot_bytes for s in rng.permutation(k)]
+        reads, meta = reader.plan(row, experts, addrs)
+        args = (t.offsets[row], t.nbytes[row], experts, addrs, reader.fd, layout)
+        want, want_meta = plan_reads_ref(*args, mode, io.chunks, t.layers[row])
+        assert np.array_equal(reads, want)
+        assert np.array_equal(meta, want_meta)
+        yield mode, row, experts, reads

@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 from gguf_builders import Layout, Q, write_model
+from pager_support import plans_match_the_loop
 
 from sdq.analysis.coactivation import coactivation_order, order_from_log
 from sdq.cli import main
@@ -27,7 +28,6 @@ from sdq.paging.reads import (
     ExpertReader,
     IOSettings,
     SlotLayout,
-    plan_reads_ref,
 )
 from sdq.run.plan import plan_for_slots
 
@@ -103,26 +103,12 @@ def test_coactivation_order_is_a_greedy_chain():
 def test_pack_read_tables_match_the_loop(packed, cache_mode):
     t = packed.pack.table
     layout = SlotLayout.for_pack(packed.pack, cache_mode)
-    rng = np.random.default_rng(5)
     reader = ExpertReader(packed.pack.path, t, layout, IOSettings(threads=2, cache_mode=cache_mode))
     try:
-        for _ in range(80):
-            mode = ["serial", "parallel", "split", "merged"][int(rng.integers(4))]
-            io = IOSettings(
-                threads=2, mode=mode, split=int(rng.integers(1, 9)), cache_mode=cache_mode
-            )
-            reader.set_io(io)
-            row = int(rng.integers(len(t.layers)))
-            k = int(rng.integers(1, t.n_expert + 1))
-            experts = [int(e) for e in rng.choice(t.n_expert, k, replace=False)]
-            addrs = [(1 << 32) + 4096 * int(s) * layout.slot_bytes for s in rng.permutation(k)]
-            reads, meta = reader.plan(row, experts, addrs)
-            args = (t.offsets[row], t.nbytes[row], experts, addrs, reader.fd, layout)
-            want, want_meta = plan_reads_ref(*args, mode, io.chunks, t.layers[row])
-            assert np.array_equal(reads, want)
-            assert np.array_equal(meta, want_meta)
+        modes = ["serial", "parallel", "split", "merged"]
+        for mode, row, experts, reads in plans_match_the_loop(reader, layout, modes, 80, seed=5):
             if mode in ("serial", "parallel"):
-                assert len(reads) == k  # one read per expert
+                assert len(reads) == len(experts)  # one read per expert
                 assert (reads[:, 2] == packed.pack.record_bytes[row]).all()
     finally:
         reader.close()

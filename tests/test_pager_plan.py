@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pager_support import make_model
+from pager_support import make_model, plans_match_the_loop
 
 from sdq.paging.reads import (
     ExpertReader,
     IOSettings,
     SlotLayout,
     apply_template,
-    plan_reads_ref,
     read_template,
 )
 
@@ -32,25 +31,10 @@ def model(tmp_path_factory):
 def test_reader_template_matches_the_loop_in_every_mode(model, cache_mode):
     t = model.experts
     layout = SlotLayout.for_table(t, cache_mode)
-    rng = np.random.default_rng(3)
-    io = IOSettings(threads=2, cache_mode=cache_mode)
-    reader = ExpertReader(model.path, t, layout, io)
+    reader = ExpertReader(model.path, t, layout, IOSettings(threads=2, cache_mode=cache_mode))
     try:
-        for _ in range(120):
-            mode = ["serial", "parallel", "split"][int(rng.integers(3))]
-            io = IOSettings(
-                threads=2, mode=mode, split=int(rng.integers(1, 9)), cache_mode=cache_mode
-            )
-            reader.set_io(io)  # a new split must drop the templates built for the old one
-            row = int(rng.integers(len(t.layers)))
-            k = int(rng.integers(1, t.n_expert + 1))
-            experts = [int(e) for e in rng.choice(t.n_expert, k, replace=False)]
-            addrs = [(1 << 32) + 4096 * int(s) * layout.slot_bytes for s in rng.permutation(k)]
-            reads, meta = reader.plan(row, experts, addrs)
-            args = (t.offsets[row], t.nbytes[row], experts, addrs, reader.fd, layout)
-            want, want_meta = plan_reads_ref(*args, mode, io.chunks, t.layers[row])
-            assert np.array_equal(reads, want)
-            assert np.array_equal(meta, want_meta)
+        modes = ["serial", "parallel", "split"]
+        for _, _, _, reads in plans_match_the_loop(reader, layout, modes, 120, seed=3):
             assert reads.flags.c_contiguous and reads.dtype == np.int64
     finally:
         reader.close()
