@@ -191,6 +191,8 @@ FIGURE_ORDER = (
     ("hit_rate", "{:.4f}"),
     ("prefetch_hit_rate", "{:.4f}"),
     ("prefetch_accuracy", "{:.4f}"),
+    ("guess_accuracy_d1", "{:.4f}"),
+    ("guess_accuracy_d2", "{:.4f}"),
     ("reads_avoided", "{:.4f}"),
     ("ssd_mb_per_token", "{:.2f}"),
     ("prefetch_mb_per_token", "{:.2f}"),

@@ -26,6 +26,7 @@ PLAN_FLAGS = (
     "cache_mode",
     "cache_policy",
     "prefetch_next",
+    "prefetch_depth",
 )
 
 

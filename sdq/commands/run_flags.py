@@ -100,6 +100,15 @@ RUN_FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
             "the N most probable (default: 3/4 of the experts a token uses; 0: off)",
         },
     ),
+    "prefetch_depth": (
+        ("--prefetch-depth",),
+        {
+            "type": int,
+            "metavar": "N",
+            "help": "decode: guess the experts of each of the next N layers (default 1: the "
+            "next layer only); each guessed layer takes --prefetch-next slots of its own",
+        },
+    ),
     "pack": (
         ("--pack",),
         {

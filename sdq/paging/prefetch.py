@@ -1,16 +1,16 @@
-"""Next-layer prefetch into streaming slots (policy lrfu_bypass), and the prefetch width.
+"""Prefetch of guessed experts into streaming slots (policy lrfu_bypass), and the prefetch width.
 
-While layer l computes, the engine guesses layer l+1's experts with that layer's router and asks
-the cache to start reading them. Under lru and layer_lrfu the guesses take cache slots and a
-later acquire finds them there. Under lrfu_bypass they must not change a cache decision, so
-they are read into streaming slots outside the cache: the acquire that requests one applies
-the policy (admitted: the prefetched slot becomes the cache slot and the victim's slot a
-streaming one; bypassed: it is used from its streaming slot), but reads nothing. Under every
-policy a lookup served by a prefetch's read counts as a miss and a `prefetch_hit`, never as a
-hit (sdq.paging.cache). The next acquire drops the streamed experts it does not request
-(`prefetch_unused`: a wrong guess); their slots return to the pool once their reads are over.
-Every prefetch read, used or not, is counted in bytes_read, expert_bytes_read and
-prefetch_bytes_read.
+While layer l computes, the engine guesses the experts of layers l+1 .. l+depth with those
+layers' routers and asks the cache to start reading them. Under lru and layer_lrfu the guesses
+take cache slots and a later acquire finds them there. Under lrfu_bypass they must not change a
+cache decision, so they are read into streaming slots outside the cache: the acquire that
+requests one applies the policy (admitted: the prefetched slot becomes the cache slot and the
+victim's slot a streaming one; bypassed: it is used from its streaming slot), but reads nothing.
+Under every policy a lookup served by a prefetch's read counts as a miss and a `prefetch_hit`,
+never as a hit (sdq.paging.cache). The acquire of a guessed layer drops that layer's streamed
+experts it does not request (`prefetch_unused`: a wrong guess); their slots return to the pool
+once their reads are over. Guesses for layers still ahead stay. Every prefetch read, used or
+not, is counted in bytes_read, expert_bytes_read and prefetch_bytes_read.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ class StreamingSlots:
         return len(keys)
 
     def drop_unrequested(self, row: int, ids) -> int:
-        """Forgets the streamed experts an acquire of (row, ids) does not request; -> how many."""
+        """Forgets the streamed experts of table rows up to `row` that an acquire of (row, ids)
+        does not request (those of later rows are guesses still ahead); -> how many."""
         wanted = {(row, e) for e in ids}
-        unused = [k for k in self.streamed if k not in wanted]
+        unused = [k for k in self.streamed if k[0] <= row and k not in wanted]
         for key in unused:
             self.draining.append(self.streamed.pop(key))
         self.reclaim()

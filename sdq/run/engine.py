@@ -492,9 +492,13 @@ class Engine:
         self._layer = -1
         self.timers = Timers()
         self.route_log = None  # sdq.paging.route_log.RouteLog: one JSON line per token and layer
-        # decode: after a layer's experts are requested, guess the next layer's and prefetch the
-        # prefetch_next most probable of them (0: off)
+        # decode: after a layer's experts are requested, guess the experts of each of the next
+        # prefetch_depth layers and prefetch the prefetch_next most probable of each (0: off)
         self.prefetch_next = 0
+        self.prefetch_depth = 1
+        # decode guesses per depth: depth -> [experts guessed, of them the layer then routed to]
+        self.guess_counts: dict[int, list[int]] = {}
+        self._guesses: dict[int, list[tuple[int, np.ndarray]]] = {}  # layer -> [(depth, ids [w])]
         self.phase = "prefill"
         self.n_past = 0
         hy = spec.hybrid
@@ -533,6 +537,7 @@ class Engine:
             raise SdqError(f"token id out of range 0..{self.spec.n_vocab - 1}")
         t0 = time.perf_counter()
         self._t_forward, self._t_released = t0, None  # marks: no_read
+        self._guesses.clear()  # a guess is judged in the forward pass that made it
         ws, w = self.ws, self.weights
         x = ws.x[:T]  # [T, D]
         x[:] = w.token_embd.rows_of(tokens)
@@ -765,6 +770,8 @@ class Engine:
         self._route(lw, router, ids, weights)
         if self.route_log is not None:
             self.route_log.write_batch(self.phase, self.n_past, il, ids, weights)
+        if T == 1 and il in self._guesses:
+            self._judge_guesses(il, ids[0])
         union = np.unique(ids)  # [U]
         t1 = time.perf_counter()
         self.timers.add("router", t1 - t0)
@@ -785,7 +792,7 @@ class Engine:
             handle = self.experts.acquire(il, chunk)
             marks["pager"] += time.perf_counter() - ta
             if self.prefetch_next and T == 1 and il + 1 < len(self.weights.layers):
-                guess_s = self._prefetch_next(il)
+                guess_s = self._prefetch_ahead(il)
             try:
                 waited, barrier = self._run_experts(chunk, handle, ids, weights, T, acts)
                 wait_s += waited
@@ -811,27 +818,45 @@ class Engine:
             self.timers.add("barrier", barrier_s)
         self.timers.add("expert_compute", t2 - t1 - wait_s - guess_s - barrier_s)
 
-    def _prefetch_next(self, il: int) -> float:
-        """Decode: layer il+1's router applied to the residual as it is now (before layer il's
-        expert output and layer il+1's attention are added) guesses il+1's experts; the pager
-        starts reading them behind il's misses. Returns the seconds spent."""
+    def _prefetch_ahead(self, il: int) -> float:
+        """Decode: the routers of layers il+1 .. il+prefetch_depth, each applied to the residual
+        as it is now (before layer il's expert output and the attention of the layers between
+        are added), guess those layers' experts; the pager starts reading them behind il's
+        misses, the nearest layer first (its guess is the surest). Returns the seconds spent."""
         t0 = time.perf_counter()
-        s, ws, nxt = self.spec, self.ws, self.weights.layers[il + 1]
-        if ws.router.shape[0] < 2 or getattr(nxt, "router", 0) is None:
+        s, ws, layers = self.spec, self.ws, self.weights.layers
+        if ws.router.shape[0] < 2:
             return 0.0
         xin, logits = ws.ffn_in[0, :1], ws.router[1:2]  # [1, D], [1, E]: idle in a decode step
         ids, w = ws.topk_ids[1:2], ws.topk_w[1:2]  # [1, K]
-        ops.rms_norm(ws.x[:1], nxt.ffn_norm, s.rms_eps, xin)
-        if nxt.router.qtype == GGMLQuantizationType.F32:  # one BLAS matvec, no thread to wake
-            np.dot(nxt.router.raw, xin[0], out=logits[0])
-        else:
-            nxt.router.mul(Activations(xin), logits)
-        self._route(nxt, logits, ids, w)
-        tp = time.perf_counter()
-        self.experts.prefetch(il + 1, ids[0, : self.prefetch_next])  # most probable first
-        t1 = time.perf_counter()
-        self.timers.marks["pager"] += t1 - tp
-        return t1 - t0
+        pager_s = 0.0
+        for depth in range(1, self.prefetch_depth + 1):
+            target = il + depth
+            if target >= len(layers) or getattr(layers[target], "router", None) is None:
+                continue  # past the last layer, or a dense layer (no experts to guess)
+            nxt = layers[target]
+            ops.rms_norm(ws.x[:1], nxt.ffn_norm, s.rms_eps, xin)
+            if nxt.router.qtype == GGMLQuantizationType.F32:  # one BLAS matvec, no thread to wake
+                np.dot(nxt.router.raw, xin[0], out=logits[0])
+            else:
+                nxt.router.mul(Activations(xin), logits)
+            self._route(nxt, logits, ids, w)
+            guess = ids[0, : self.prefetch_next].copy()  # [w] most probable first
+            self._guesses.setdefault(target, []).append((depth, guess))
+            tp = time.perf_counter()
+            self.experts.prefetch(target, guess)
+            pager_s += time.perf_counter() - tp
+        self.timers.marks["pager"] += pager_s
+        return time.perf_counter() - t0
+
+    def _judge_guesses(self, il: int, routed) -> None:
+        """Counts, per depth, the guessed experts of layer il that its routing `routed` [K]
+        then chose (cached or not: this is the guess's accuracy, not the pager's)."""
+        chosen = {int(e) for e in routed}
+        for depth, guess in self._guesses.pop(il):
+            c = self.guess_counts.setdefault(depth, [0, 0])
+            c[0] += len(guess)
+            c[1] += sum(int(e) in chosen for e in guess)
 
     def _run_experts(
         self, chunk, handle, ids, weights, T: int, acts: Activations

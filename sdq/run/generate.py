@@ -14,6 +14,10 @@ Figures (names as in DESIGN.md):
                     (1 - hit_rate - prefetch_hit_rate: lookups that read their expert then)
     prefetch_accuracy  decode prefetches a lookup used / decode prefetches (wrong guesses
                     are the rest; NaN when nothing was prefetched)
+    guess_accuracy_dN  decode guesses N layers ahead (--prefetch-depth): the guessed experts
+                    that their layer then routed to / experts guessed, counting those already
+                    cached (which read nothing): how good the router's guess is at that
+                    depth, apart from the cache. Present for each depth that guessed
     reads_avoided   1 - expert bytes read during decode / expert bytes an all-miss decode
                     would read (every lookup's expert bytes); prefetch reads, used or not,
                     count as reads. NaN for an expert source without byte counters
@@ -123,7 +127,7 @@ def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, 
     tok = sampler(logits)
     ttft = time.perf_counter() - t_start
     timers1, io1 = engine.timers.snapshot(), _cache_stats(engine.experts)
-    marks1 = _marks(engine)
+    marks1, guesses1 = _marks(engine), _guesses(engine)
 
     # -- decode ---------------------------------------------------------------------------
     engine.phase = "decode"
@@ -150,7 +154,7 @@ def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, 
         texts.append(tail)
         yield None, tail
     timers2, io2 = engine.timers.snapshot(), _cache_stats(engine.experts)
-    marks2 = _marks(engine)
+    marks2, guesses2 = _marks(engine), _guesses(engine)
 
     n_decode = len(token_ms)
     nan = float("nan")
@@ -183,6 +187,7 @@ def generation_steps(engine, tokenizer, prompt_ids, settings: GenerateSettings, 
         "prefill_ssd_mb": _delta(io1, io0).get("bytes_read", 0) / 1e6,
         "decode_s": t_decode,
         **{f"{k}_ms_per_token": v * 1e3 * per_tok for k, v in _delta(marks2, marks1).items()},
+        **_guess_accuracy(guesses2, guesses1),
         **memory_figures(),
     }
     profile = {
@@ -199,6 +204,23 @@ def _cache_stats(experts) -> dict:
 def _marks(engine) -> dict:
     """The engine's timer marks (sdq.run.engine.Timers.marks), {} for an engine without."""
     return dict(getattr(engine.timers, "marks", {}) or {})
+
+
+def _guesses(engine) -> dict:
+    """{depth: (experts guessed, of them routed)} so far (sdq.run.engine.Engine.guess_counts)."""
+    return {d: tuple(c) for d, c in (getattr(engine, "guess_counts", None) or {}).items()}
+
+
+def _guess_accuracy(after: dict, before: dict) -> dict:
+    """guess_accuracy_d1, _d2 ...: per depth, the decode's guessed experts that their layer
+    then routed to / experts guessed (depths that guessed nothing are left out)."""
+    out = {}
+    for d in sorted(after):
+        guessed = after[d][0] - before.get(d, (0, 0))[0]
+        routed = after[d][1] - before.get(d, (0, 0))[1]
+        if guessed:
+            out[f"guess_accuracy_d{d}"] = routed / guessed
+    return out
 
 
 def _delta(after: dict, before: dict) -> dict:

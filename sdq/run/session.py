@@ -17,6 +17,8 @@ from sdq.errors import ParamsError
 from sdq.run.settings import RunSettings
 from sdq.units import MIB
 
+MAX_PREFETCH_DEPTH = 4  # layers a decode step may guess ahead
+
 
 @dataclasses.dataclass
 class PagedSetup:
@@ -26,6 +28,7 @@ class PagedSetup:
     cache: object  # sdq.paging.cache.CacheSettings
     io: object  # sdq.paging.reads.IOSettings
     prefetch_next: int  # experts guessed per layer in decode
+    prefetch_depth: int  # layers guessed ahead in decode
 
 
 def open_for_run(settings: RunSettings):
@@ -37,6 +40,10 @@ def open_for_run(settings: RunSettings):
     s = settings
     if s.prefetch_next is not None and s.prefetch_next < 0:
         raise ParamsError(f"--prefetch-next {s.prefetch_next}: expected >= 0 experts")
+    if not 1 <= s.prefetch_depth <= MAX_PREFETCH_DEPTH:
+        raise ParamsError(
+            f"--prefetch-depth {s.prefetch_depth}: expected 1..{MAX_PREFETCH_DEPTH} layers"
+        )
     model = open_model(s.model)
     model.require_experts()
     model.require_compute()
@@ -67,7 +74,9 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
     io_threads = s.io_threads or 3 * s.threads
     kw = {} if s.reserve_mb is None else {"reserve_mb": s.reserve_mb}
     prefetch = prefetch_width(model.spec.n_expert_used, s.prefetch_next)
-    cache = CacheSettings(policy=s.cache_policy, prefetch_slots=prefetch)
+    depth = min(s.prefetch_depth, max(len(model.experts.layers) - 1, 1))  # layers there are
+    # every guessed layer's prefetches wait in slots of their own until their layer runs
+    cache = CacheSettings(policy=s.cache_policy, prefetch_slots=prefetch * depth)
     plan = plan_memory(
         model,
         budget,
@@ -89,7 +98,7 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
         verify=s.verify,
         device=device_model.resolve(s.device_model),
     )
-    return PagedSetup(plan, cache, io, prefetch)
+    return PagedSetup(plan, cache, io, prefetch, depth if prefetch else 1)
 
 
 def check_resident_fits(model, s: RunSettings) -> None:
@@ -123,7 +132,7 @@ class Session:
         self.model, self.tokenizer = model, tokenizer
         self.plan = None
         self.route_log = None
-        self.prefetch_next = 0
+        self.prefetch_next, self.prefetch_depth = 0, 1
         if s.resident:
             check_resident_fits(model, s)
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
@@ -134,12 +143,14 @@ class Session:
 
             setup = plan_paged(model, s)
             self.plan, self.prefetch_next = setup.plan, setup.prefetch_next
+            self.prefetch_depth = setup.prefetch_depth
             ws = Workspace.allocate(model.spec, s.n_ctx, s.n_ubatch, s.threads)
             weights = load_weights(model)
             experts = ExpertCache(model, self.plan, io=setup.io, settings=setup.cache)
         self.experts = experts
         self.engine = make_engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
         self.engine.prefetch_next = self.prefetch_next
+        self.engine.prefetch_depth = self.prefetch_depth
         if s.route_log:
             from sdq.paging.route_log import RouteLog
 
@@ -168,6 +179,7 @@ class Session:
         if device is not None:  # reads run, and those whose bytes came after their emulated end
             fig["emulated_reads"], fig["late_reads"] = reader.emulated()[:2]
         fig["prefetch_next"] = self.prefetch_next
+        fig["prefetch_depth"] = self.prefetch_depth
         pack = getattr(self.model, "pack", None)
         fig["expert_file"] = "gguf" if pack is None else "pack"
         fig["io_mode"] = self.settings.io_mode

@@ -37,6 +37,7 @@ class RunSettings:
     # decode: read this many guessed experts of the next layer early; None: 3/4 of the K a
     # token uses (paged runs only)
     prefetch_next: int | None = None
+    prefetch_depth: int = 1  # decode: guess and read ahead that many layers (1: the next one)
     route_log: str | None = None
     verify: bool = False  # every expert read checked against a checksum (sdq.paging.checksums)
     # a device model file (sdq.paging.device_model) every expert read is replayed against,

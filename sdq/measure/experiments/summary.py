@@ -23,6 +23,8 @@ CHAT_METRICS = (
     "hit_rate",
     "prefetch_hit_rate",
     "prefetch_accuracy",
+    "guess_accuracy_d1",
+    "guess_accuracy_d2",
     "reads_avoided",
     "ssd_mb_per_token",
     "prefetch_mb_per_token",
