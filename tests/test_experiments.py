@@ -373,7 +373,15 @@ def test_io_suites_label_prefetch_and_page_cache_and_pass_them_on(tiny_model, tm
     (lm,) = b.build("layer-miss")
     assert lm.args[lm.args.index("--misses") + 1] == "1,2"
     assert not (tmp_path / "calibration.json").exists()  # the I/O suites need no calibration
-    assert set(ROTATED_SUITES) == {"io", "threads", "split", "pack", "profile"}
+    assert set(ROTATED_SUITES) == {"io", "threads", "split", "pack", "depth", "profile"}
+    depth = b.build("depth")
+    assert [c.label for c in depth] == ["parallel x4 prefetch on", "parallel x4 prefetch depth2"]
+    assert "--prefetch-depth" not in depth[0].args  # on: one layer ahead, the default
+    assert depth[1].args[depth[1].args.index("--prefetch-depth") + 1] == "2"
+    assert "--prefetch-next" not in depth[1].args
+    for bad in ("depth1", "depth5", "depthx"):
+        with pytest.raises(ParamsError, match="prefetch"):
+            s.replace(prefetch=bad)
     assert schedule(io, 2, rotate=True)[4][1] is io[-1]  # the second repeat starts reversed
     with pytest.raises(ParamsError, match="ab_prefetch"):
         s.replace(ab_prefetch=("sometimes",))

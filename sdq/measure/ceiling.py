@@ -11,7 +11,8 @@ Two answers per run, both from what the run itself recorded:
    min-cost flow
    (sdq.analysis.optimal: Belady with bypass, a token's K experts resident together) with
    - S = the live policy's cache slots: the arena's slots less its streaming slots (under
-     lrfu_bypass: K for bypassed misses plus the prefetch width x depth; under lru and layer_lrfu none),
+     lrfu_bypass: K for bypassed misses plus the prefetch width x depth; under lru and
+     layer_lrfu none),
    - one global scope (the pager's Residents hold every layer's experts in one pool),
    - the cache starting from the pager's own contents at the first decode lookup (prefill
      filled it; the optimum may keep any of those experts for free and none other),

@@ -8,6 +8,8 @@
     pack        T4_pack  three reads per expert from the GGUF vs one from its pack
                      (`pack_path`, sdq pack) vs each record cut into `pack_split` chunks vs
                      the pack's neighbours merged into one preadv
+    depth       T4_depth  decode prefetch guessing the next layer (the default) vs the next
+                     `prefetch_depth` layers (--prefetch-depth)
     profile     T11  `sdq chat --profile`: ms per token per op category, serial and parallel
     memory      T9   ubatch sweep under a RAM limit, plan-based vs the seed's sizing (000 §5.1)
     reserve     T10  the seed's three reserves at a fixed budget: slots, peak RSS vs budget,
@@ -24,7 +26,8 @@ same threads and seed. The I/O suites (`ROTATED_SUITES`) rotate and reverse thei
 repeat to repeat (sdq.measure.experiments.runner: A B, B A, B A, A B for two), so no
 configuration always runs first after a page-cache drop. Their prefetch state is part of every
 label: "prefetch off" passes `--prefetch-next 0` (the seed had no prefetch), "prefetch on"
-leaves the engine's default (the next layer's likeliest experts read ahead during decode). Page
+leaves the engine's default (the next layer's likeliest experts read ahead during decode),
+"prefetch depthN" passes `--prefetch-depth N` (the next N layers' guesses read ahead). Page
 cache: "cold" reads with `cache_mode` (dontneed or direct) after the file's pages are dropped;
 "warm" (seed 003's condition) reads with cache mode pagecache after the whole file is read once.
 
@@ -71,13 +74,14 @@ SUITES = (
     "threads",
     "split",
     "pack",
+    "depth",
     "profile",
     "memory",
     "reserve",
     "budgets",
 )
-ROTATED_SUITES = ("io", "threads", "split", "pack", "profile")  # order rotated by one each repeat
-PREFETCH = ("off", "on")  # off: --prefetch-next 0; on: the engine's default
+ROTATED_SUITES = ("io", "threads", "split", "pack", "depth", "profile")  # rotated each repeat
+PREFETCH = ("off", "on")  # off: --prefetch-next 0; on: the engine's default; also "depthN"
 PAGE_CACHE = ("cold", "warm")  # the split suite's page-cache conditions (see the docstring)
 SIZINGS = ("plan", "seed")
 # seed 000 §5.2: arena slots at reserve 700, 900 and 1150 MB under the 8 GB budget
@@ -85,6 +89,26 @@ SEED_RESERVE_SLOTS = ((700, 2039), (900, 1936), (1150, 1808))
 # the I/O modes the profile suite compares: split needs a piece count and has its own suite
 PROFILE_IO_MODES = ("serial", "parallel")
 DEFAULT_PROMPT = "Explain in three sentences how SSD, RAM and CPU caches form a memory hierarchy."
+
+
+PREFETCH_STATES = "off, on or depthN (N layers guessed ahead, 2..4)"
+
+
+def is_prefetch_state(state: str) -> bool:
+    """off, on, or depthN with N in 2..4 (sdq.run.session.MAX_PREFETCH_DEPTH)."""
+    if state in PREFETCH:
+        return True
+    n = state.removeprefix("depth")
+    return state.startswith("depth") and n.isdigit() and 2 <= int(n) <= 4
+
+
+def prefetch_args(state: str) -> tuple[str, ...]:
+    """The chat flags of a prefetch state (see the module docstring)."""
+    if state == "off":
+        return ("--prefetch-next", "0")
+    if state.startswith("depth"):
+        return ("--prefetch-depth", state.removeprefix("depth"))
+    return ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +150,8 @@ class Settings:
     pack_io_threads: int = 8
     pack_prefetch: str = "off"
     pack_split: int = 3  # the arm "pack splitN": each record cut into N chunks (1: no such arm)
+    # depth (T4_depth): the deeper arm's layers guessed ahead, against the default's one
+    prefetch_depth: int = 2
     # layer-miss (T3)
     layer_miss_misses: tuple[int, ...] = (1, 2, 4, 8)  # experts of the layer missing
     layer_miss_modes: tuple[str, ...] = ("serial", "parallel")
@@ -211,11 +237,15 @@ class Settings:
                 f"profile_io_modes {self.profile_io_modes}",
             ),
             (
-                set(self.ab_prefetch) <= set(PREFETCH) and self.prefetch in PREFETCH,
-                f"ab_prefetch {self.ab_prefetch}, prefetch {self.prefetch!r}: {PREFETCH}",
+                all(map(is_prefetch_state, (*self.ab_prefetch, self.prefetch))),
+                f"ab_prefetch {self.ab_prefetch}, prefetch {self.prefetch!r}: {PREFETCH_STATES}",
             ),
             (set(self.split_cache) <= set(PAGE_CACHE), f"split_cache {self.split_cache}"),
-            (self.pack_prefetch in PREFETCH, f"pack_prefetch {self.pack_prefetch!r}: {PREFETCH}"),
+            (
+                is_prefetch_state(self.pack_prefetch),
+                f"pack_prefetch {self.pack_prefetch!r}: {PREFETCH_STATES}",
+            ),
+            (2 <= self.prefetch_depth <= 4, f"prefetch_depth {self.prefetch_depth}: 2..4"),
             (
                 bool(self.layer_miss_misses) and min(self.layer_miss_misses) >= 1,
                 f"layer_miss_misses {self.layer_miss_misses}: counts >= 1",
@@ -483,7 +513,7 @@ class SuiteBuilder:
             str(split),
             "--cache-mode",
             cache_mode,
-            *(("--prefetch-next", "0") if prefetch == "off" else ()),
+            *prefetch_args(prefetch),
             *device,
             *extra,
         ]
@@ -580,6 +610,15 @@ class SuiteBuilder:
         return [
             dataclasses.replace(c, meta=(*c.meta, ("source", "gguf" if i == 0 else "pack")))
             for i, c in enumerate(out)
+        ]
+
+    def depth(self) -> list[RunConfig]:
+        """Decode prefetch one layer ahead (on, the default) vs `prefetch_depth` layers ahead,
+        parallel reads at ab_io_threads."""
+        n = self.s.ab_io_threads
+        return [
+            self._io_config("depth", f"parallel x{n}", "parallel", n, prefetch=pf)
+            for pf in ("on", f"depth{self.s.prefetch_depth}")
         ]
 
     def profile(self) -> list[RunConfig]:

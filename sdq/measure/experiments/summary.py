@@ -234,6 +234,10 @@ SUITE_COLUMNS = {
     "split": (["label", "io_mode", "io_threads", "split", "prefetch", "page_cache"], IO_METRICS),
     "profile": (["label", "io_mode", "io_threads", "prefetch"], IO_METRICS),
     "pack": (["label", "source", "io_mode", "io_threads", "prefetch"], IO_METRICS),
+    "depth": (
+        ["label", "io_mode", "io_threads", "prefetch"],
+        (*IO_METRICS, "prefetch_accuracy", "guess_accuracy_d1", "guess_accuracy_d2"),
+    ),
     "memory": (
         ["label", "sizing", "ubatch", "compute_buffer_mb", "budget_mb", "limit_method"],
         MEMORY_METRICS,
