@@ -140,7 +140,10 @@ class Session:
             experts = ResidentExperts(model)
         else:
             from sdq.paging.cache import ExpertCache
+            from sdq.run.jit_warm import ensure_warm
 
+            # a cold kernel cache would compile after the plan measured the process
+            ensure_warm(model, s.threads, s.n_ubatch, note=_note)
             setup = plan_paged(model, s)
             self.plan, self.prefetch_next = setup.plan, setup.prefetch_next
             self.prefetch_depth = setup.prefetch_depth
