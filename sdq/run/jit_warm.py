@@ -9,20 +9,25 @@ the seed-shaped model at a 1733 MB budget, reserve 64 MB: peak RSS 1864 MB with 
 So before a paged run plans, `ensure_warm` looks for a stamp in the kernel cache folder whose
 name hashes what decides which machine code exists there: this machine's CPU, Numba's version,
 the sources of sdq's kernels and of the engines that call them, the model's architecture and
-tensor types, the compute threads (one thread and several take different prefill paths) and
-the ubatch (some kernels choose a serial or parallel variant by the work's size). Without the
-stamp it runs a short generation of the same model in a child process: a prompt of one full
-ubatch and a few more tokens, two decode steps, the smallest arena. Every kernel a run of this
-model calls is compiled and cached there, the stamp is written, and the parent's plan then
-measures a process that loads cached machine code and compiles nothing. The child holds the
-model's dense weights, a few expert slots and the compiler's memory (seed-shaped model: 1.10
-GB peak RSS cold, 0.86 GB with the kernels cached) while the parent, not yet planned, holds
-what it has imported and the tokenizer (about 0.25 GB): the budget bounds each process's
-peak, and a limit on both together (a cgroup) must leave room for that first compilation.
+tensor types, and whether the prefill runs a worker pool (several compute threads). Without
+the stamp it runs a short generation of the same model in a child process
+(sdq.run.jit_warm_child: a prompt of one ubatch of 128 tokens and a few more, two decode steps,
+the smallest arena, so both the serial and the parallel variant of every size-dependent kernel
+are compiled). Every kernel a run of this model calls is compiled and cached there, the stamp
+is written, and the parent's plan then measures a process that loads cached machine code and
+compiles nothing. A paged generation that finishes writes the stamp too (its kernels are
+cached by then), so a cache that was warm before the stamps existed costs one child at most.
 
-When the cache folder cannot be written (Numba cannot cache there either) nothing is done.
-A child that fails leaves no stamp; the run goes on and compiles in its own process, as before,
-after a one-line note.
+The child holds the model's dense weights, a few expert slots and the compiler's memory
+(seed-shaped model: 1.10 GB peak RSS cold, 0.86 GB with the kernels cached) while the parent,
+not yet planned, holds what it has imported and the tokenizer (about 0.25 GB): the budget
+bounds each process's peak, and a limit on both together (a cgroup) must leave room for that
+first compilation.
+
+When the cache folder cannot be written (Numba cannot cache there either) nothing is done. A
+child that refuses the model (an SdqError: the parent will refuse it in the same words) says
+nothing; one that fails otherwise leaves no stamp and a one-line note, and the run goes on and
+compiles in its own process.
 """
 
 from __future__ import annotations
@@ -34,8 +39,7 @@ import sys
 from pathlib import Path
 
 CHILD_ENV = "SDQ_JIT_WARM_CHILD"  # set in the child: it must not start another one
-EXTRA_TOKENS = 3  # prompt tokens past one full ubatch: a short ubatch is compiled too
-DECODE_TOKENS = 3  # tokens generated: two decode steps, with the prefetch
+REFUSED = 3  # the child's exit status when the model is refused (an SdqError)
 
 
 def kernel_cache_dir() -> Path | None:
@@ -48,7 +52,7 @@ def kernel_cache_dir() -> Path | None:
         return None
 
 
-def warm_key(model, threads: int, n_ubatch: int) -> str:
+def warm_key(model, threads: int) -> str:
     """The hash of everything that decides which kernels a run compiles (module docstring)."""
     import llvmlite.binding as llvm
     import numba
@@ -69,85 +73,57 @@ def warm_key(model, threads: int, n_ubatch: int) -> str:
                 model.spec.arch,
                 types,
                 threads > 1,
-                n_ubatch,
             )
         ).encode()
     )
     return h.hexdigest()[:32]
 
 
-def ensure_warm(model, threads: int, n_ubatch: int, note) -> bool:
-    """Compiles the kernels a paged run of `model` needs in a child process unless the stamp
-    says they are cached; -> True when a child ran and succeeded. `note(text)` says that a
-    child starts, and why it failed if it does."""
+def stamp_path(model, threads: int) -> Path | None:
+    """Where the stamp of `model`'s kernels at `threads` lives; None: no writable cache folder
+    (or this is the child)."""
     if os.environ.get(CHILD_ENV):
-        return False
+        return None
     cache = kernel_cache_dir()
     if cache is None:
-        return False
+        return None
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return False
+        return None
     if not os.access(cache, os.W_OK):
-        return False
-    stamp = cache / f"sdq-warm-{warm_key(model, threads, n_ubatch)}.ok"
-    if stamp.exists():
-        return False
-    cmd = [
-        sys.executable,
-        "-m",
-        "sdq.run.jit_warm",
-        str(model.path),
-        str(threads),
-        str(n_ubatch),
-    ]
-    env = {**os.environ, CHILD_ENV: "1"}
-    note("compiling this model's kernels in a helper process (once per machine and version)")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        note(f"compiling the kernels in a helper process failed ({tail}); compiling here")
-        return False
+        return None
+    return cache / f"sdq-warm-{warm_key(model, threads)}.ok"
+
+
+def mark_warm(model, threads: int) -> None:
+    """Writes the stamp: the kernels a run of `model` calls are cached (errors are ignored)."""
+    stamp = stamp_path(model, threads)
+    if stamp is None or stamp.exists():
+        return
     try:
         tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
         tmp.write_text(f"{model.path}\n")
         os.replace(tmp, stamp)
     except OSError:
         pass
+
+
+def ensure_warm(model, threads: int, note) -> bool:
+    """Compiles the kernels a paged run of `model` needs in a child process unless the stamp
+    says they are cached; -> True when a child ran and succeeded. `note(text)` says why a
+    child failed (not when it refused the model: the caller will)."""
+    stamp = stamp_path(model, threads)
+    if stamp is None or stamp.exists():
+        return False
+    cmd = [sys.executable, "-m", "sdq.run.jit_warm_child", str(model.path), str(threads)]
+    env = {**os.environ, CHILD_ENV: "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode == REFUSED:
+        return False
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        note(f"compiling the kernels in a helper process failed ({tail}); compiling here")
+        return False
+    mark_warm(model, threads)
     return True
-
-
-def _warm(model_path: str, threads: int, n_ubatch: int) -> None:
-    """The child: a prompt of n_ubatch + EXTRA_TOKENS tokens and DECODE_TOKENS generated, the
-    smallest arena, the context just large enough."""
-    from sdq.format.model import open_model
-    from sdq.paging.policies import min_slots
-    from sdq.paging.prefetch import prefetch_width
-    from sdq.run.sampler import SamplerSettings
-    from sdq.run.session import RunSettings, Session
-
-    spec = open_model(model_path).spec
-    K = spec.n_expert_used
-    n_prompt = n_ubatch + EXTRA_TOKENS
-    settings = RunSettings(
-        model=model_path,
-        n_ctx=n_prompt + DECODE_TOKENS + 1,
-        n_ubatch=n_ubatch,
-        threads=threads,
-        n_predict=DECODE_TOKENS,
-        sampler=SamplerSettings(temp=0.0),
-        stop_at_eos=False,
-        max_slots=min_slots("lrfu_bypass", K, prefetch_width(K)),
-        pack="none",
-    )
-    session = Session(settings)
-    try:
-        prompt = [(7 + 13 * i) % spec.n_vocab for i in range(n_prompt)]
-        session.generate(prompt)
-    finally:
-        session.close()
-
-
-if __name__ == "__main__":
-    _warm(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

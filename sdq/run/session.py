@@ -143,7 +143,7 @@ class Session:
             from sdq.run.jit_warm import ensure_warm
 
             # a cold kernel cache would compile after the plan measured the process
-            ensure_warm(model, s.threads, s.n_ubatch, note=_note)
+            ensure_warm(model, s.threads, note=_note)
             setup = plan_paged(model, s)
             self.plan, self.prefetch_next = setup.plan, setup.prefetch_next
             self.prefetch_depth = setup.prefetch_depth
@@ -197,7 +197,13 @@ class Session:
         return d
 
     def close(self, completed: bool = True) -> None:
-        """Release the run; the route log is kept only if the run `completed`."""
+        """Release the run; the route log is kept only if the run `completed`. A paged run that
+        completed a decode step has its kernels cached: their stamp is written
+        (sdq.run.jit_warm)."""
+        if completed and self.plan is not None and self.engine.phase == "decode":
+            from sdq.run.jit_warm import mark_warm
+
+            mark_warm(self.model, self.settings.threads)
         if self.route_log is not None:
             self.route_log.close(keep=completed)
             self.route_log = None
