@@ -141,6 +141,18 @@ def configurations(misses, modes, splits, threads, pack=False) -> list[tuple]:
     return out
 
 
+@dataclass
+class _Tally:
+    """What the repetitions measured of one configuration."""
+
+    times_ms: list[float] = field(default_factory=list)  # per repetition: submit to last byte
+    nbytes: list[tuple[int, int]] = field(default_factory=list)  # (expert, device) bytes
+    resident: float = 0.0  # the worst share of the experts' pages found cached before a read
+    lengths: list[int] = field(default_factory=list)  # every read's length, for fio's bssplit
+    in_flight: list[int] = field(default_factory=list)  # per repetition: reads in flight
+    fio: list[tuple[float, int]] = field(default_factory=list)  # (MB/s, buffer page bytes)
+
+
 def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> list[Row]:
     """Time every configuration of `settings` on the experts of the GGUF file `path`; one Row
     per configuration, with its ratio to the best configuration of another mode."""
@@ -206,13 +218,8 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
             raise
     check_fd = os.open(model.path, os.O_RDONLY)
     rng = np.random.default_rng(st.seed)
-    times = {c: [] for c in configs}
-    resident = dict.fromkeys(configs, 0.0)
-    nbytes = {c: [] for c in configs}
+    tally = {c: _Tally() for c in configs}
     warm = st.cache_mode == "pagecache" and emu is None  # emulated: warmed at open
-    lengths = {c: [] for c in configs}  # every read's length (bytes), for fio's bssplit
-    in_flight = {c: [] for c in configs}  # per repetition: reads sdq had in flight at once
-    fio_mb_s = {c: [] for c in configs}
     fio_at = _fio_points(st) if st.fio else ()
     fio_memory = None
     try:
@@ -226,7 +233,7 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
             order = configs[r % len(configs) :] + configs[: r % len(configs)]
             for c in order:
                 m, mode, s, n, src = c
-                reader, source = readers[src], tables[src]
+                reader, source, t = readers[src], tables[src], tally[c]
                 experts = chosen[:m]
                 addrs = [arena.address(k) for k in range(m)]
                 reader.set_io(
@@ -238,24 +245,26 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                     reader.drop_cache()  # emulated: the source stays warm
                 cached = _resident(reader, source, row, experts)
                 worse = min if st.cache_mode == "pagecache" else max
-                resident[c] = worse(resident[c], cached) if r else cached
+                t.resident = worse(t.resident, cached) if r else cached
                 t0 = time.perf_counter_ns()
                 batch, device = reader.submit(row, experts, addrs, arena)
                 batch.wait_all()
-                times[c].append((time.perf_counter_ns() - t0) / 1e6)  # ns -> ms
+                t.times_ms.append((time.perf_counter_ns() - t0) / 1e6)  # ns -> ms
                 if fio_at:
                     reads, _ = reader.plan(row, experts, addrs)  # [R, 7]
-                    lengths[c].extend(int(v) for v in reads[:, 2])
-                    in_flight[c].append(min(n, len(set(reads[:, 5].tolist()))))
-                nbytes[c].append((int(table.nbytes[row, experts].sum()), device))
+                    t.lengths.extend(int(v) for v in reads[:, 2])
+                    t.in_flight.append(min(n, len(set(reads[:, 5].tolist()))))
+                t.nbytes.append((int(table.nbytes[row, experts].sum()), device))
                 if r == 0:
                     _check(check_fd, arena, layouts[src], table, source, row, experts, model.path)
             if r in fio_at:
                 if fio_memory is None:
-                    fio_memory = _fio_memory(configs, lengths, in_flight)
+                    fio_memory = _fio_memory(tally.values())
                 for c in order:
-                    path = readers[c[4]].path
-                    fio_mb_s[c].append(_fio_run(path, st, lengths[c], in_flight[c], fio_memory))
+                    t = tally[c]
+                    t.fio.append(
+                        _fio_run(readers[c[4]].path, st, t.lengths, t.in_flight, fio_memory)
+                    )
         if not warm:
             for reader in readers.values():
                 reader.drop_cache()
@@ -271,9 +280,10 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
     rows = []
     for c in configs:
         m, mode, s, n, src = c
-        med = statistics.median(times[c])
-        eb = int(statistics.median(b for b, _ in nbytes[c]))
-        db = int(statistics.median(d for _, d in nbytes[c]))
+        t = tally[c]
+        med = statistics.median(t.times_ms)
+        eb = int(statistics.median(b for b, _ in t.nbytes))
+        db = int(statistics.median(d for _, d in t.nbytes))
         rows.append(
             Row(
                 m,
@@ -283,13 +293,13 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 st.cache_mode,
                 st.repeat,
                 med,
-                min(times[c]),
-                max(times[c]),
+                min(t.times_ms),
+                max(t.times_ms),
                 eb,
                 db,
                 eb / med / 1e6,  # bytes per ms / 10**6 = GB/s
-                resident[c],
-                times_ms=list(times[c]),
+                t.resident,
+                times_ms=list(t.times_ms),
                 device="native" if emu is None else emu.label,
                 late_reads=emulated[1],
                 mean_lag_us=emulated[2] / max(emulated[0] - emulated[1], 1) / 1e3,
@@ -297,12 +307,12 @@ def measure_layer_miss(path: str | os.PathLike, settings: LayerMissSettings) -> 
                 device_gb_s=db / med / 1e6,
             )
         )
-        if fio_mb_s[c]:
+        if t.fio:
             row = rows[-1]
-            row.fio_gb_s = statistics.median(v for v, _ in fio_mb_s[c]) / 1e3
-            row.fio_page_bytes = min(p for _, p in fio_mb_s[c])
-            row.fio_jobs = _jobs(in_flight[c])
-            row.fio_bssplit = _bssplit(lengths[c])
+            row.fio_gb_s = statistics.median(v for v, _ in t.fio) / 1e3
+            row.fio_page_bytes = min(p for _, p in t.fio)
+            row.fio_jobs = _jobs(t.in_flight)
+            row.fio_bssplit = _bssplit(t.lengths)
             row.ratio_to_fio = row.device_gb_s / row.fio_gb_s
     for row_ in rows:
         others = [o for o in rows if o.kind != row_.kind and o.misses == row_.misses]
@@ -341,11 +351,13 @@ class _FioBuffers:
         self._ctx.__exit__(None, None, None)
 
 
-def _fio_memory(configs, lengths, in_flight) -> _FioBuffers:
+def _fio_memory(tallies) -> _FioBuffers:
+    """Huge-page buffers for the longest read at the most jobs of any configuration."""
     from sdq.measure.fio import huge_pages_for
 
-    longest = max(max(v) for v in lengths.values() if v)
-    jobs = max(_jobs(v) for v in in_flight.values() if v)
+    tallies = [t for t in tallies if t.lengths]
+    longest = max(max(t.lengths) for t in tallies)
+    jobs = max(_jobs(t.in_flight) for t in tallies)
     return _FioBuffers(huge_pages_for(longest, jobs))
 
 

@@ -76,8 +76,12 @@ class Pack:
     starts: tuple[tuple[int, int, int], ...]  # [L][P] a part's offset inside a record
     record_bytes: tuple[int, ...]  # [L]
     order: np.ndarray  # int64 [L, E]: the expert at each position
-    position: np.ndarray  # int64 [L, E]: the position of each expert
     order_from: str
+
+    @property
+    def position(self) -> np.ndarray:
+        """int64 [L, E]: the position of each expert in its row (the inverse of `order`)."""
+        return np.argsort(self.order, axis=1)
 
     @property
     def slot_bytes(self) -> int:
@@ -128,7 +132,7 @@ def _packed_table(table, data_offset, starts, records, position):
     rec = np.asarray(records, dtype=np.int64)  # [L]
     base = data_offset + row_start[:, None] + position * rec[:, None]  # [L, E]
     offsets = base[:, :, None] + np.asarray(starts, dtype=np.int64)[:, None, :]  # [L, E, P]
-    return dataclasses.replace(table, offsets=offsets), row_start
+    return dataclasses.replace(table, offsets=offsets)
 
 
 # ------------------------------------------------------------------ writing
@@ -301,9 +305,8 @@ def open_pack(model, path=None, fingerprint: dict | None = None) -> Pack:
         raise PackError(
             f"{path}: file is {size} bytes, its header says {data_offset + data_bytes}: truncated"
         )
-    position = np.argsort(order, axis=1)  # [L, E]
-    packed, _ = _packed_table(table, data_offset, starts, records, position)
-    return Pack(path, packed, tuple(starts), tuple(records), order, position, h["order_from"])
+    packed = _packed_table(table, data_offset, starts, records, np.argsort(order, axis=1))
+    return Pack(path, packed, tuple(starts), tuple(records), order, h["order_from"])
 
 
 def find_pack(model, choice: str | None, warn=None) -> Pack | None:

@@ -151,7 +151,6 @@ class SlotLayout:
     align: int
     direct: bool
     region_offsets: tuple[int, int, int]  # byte offset of each part's region in the slot
-    region_bytes: tuple[int, int, int]
     slot_bytes: int
     # a pack's records: per table row, each part's offset in a slot (None: a GGUF's regions)
     row_starts: tuple[tuple[int, int, int], ...] | None = None
@@ -167,9 +166,8 @@ class SlotLayout:
         direct = cache_mode == "direct"
         align = DIRECT_ALIGN if direct else BUFFERED_ALIGN
         widest = max(range(len(pack.record_bytes)), key=lambda r: pack.record_bytes[r])
-        s, rec = pack.starts[widest], pack.record_bytes[widest]
-        regions = (s[1] - s[0], s[2] - s[1], rec - s[2])
-        return cls(align, direct, s, regions, pack.slot_bytes, tuple(pack.starts))
+        # the widest row's part offsets; views use each row's own (row_starts)
+        return cls(align, direct, pack.starts[widest], pack.slot_bytes, tuple(pack.starts))
 
     @classmethod
     def for_table(cls, table, cache_mode: str) -> SlotLayout:
@@ -183,7 +181,7 @@ class SlotLayout:
             span = align_up(nbytes, BUFFERED_ALIGN)
         regions = tuple(int(span[..., p].max()) for p in range(3))
         starts = (0, regions[0], regions[0] + regions[1])
-        return cls(align, direct, starts, regions, int(sum(regions)))
+        return cls(align, direct, starts, int(sum(regions)))
 
     def view_offset(self, file_offset: int, part: int, row: int | None = None) -> int:
         """Offset inside a slot of the first byte of a segment that starts at file_offset (of
