@@ -5,7 +5,9 @@ kernel a paged run of it calls is compiled and cached.
 
 A prompt of N_UBATCH + EXTRA_TOKENS tokens (a full ubatch, then a short one: the parallel and
 the serial variant of each size-dependent kernel), DECODE_TOKENS generated (two decode steps,
-with the prefetch), the smallest arena, the context just large enough. Exit status 0: done;
+with the prefetch), the smallest arena, the context just large enough; the experts are read
+with cache mode dontneed, so a run that follows finds none of them in the page cache (its cold
+start stays cold). Exit status 0: done;
 jit_warm.REFUSED: the model was refused (an SdqError, its message on stderr).
 """
 
@@ -35,6 +37,7 @@ def warm(model_path: str, threads: int) -> None:
         n_predict=DECODE_TOKENS,
         stop_at_eos=False,
         max_slots=min_slots("lrfu_bypass", K, prefetch_width(K)),
+        cache_mode="dontneed",  # leaves no expert pages cached for the run that follows
         pack="none",
     )
     session = Session(settings)
