@@ -17,6 +17,7 @@ fastmath policy:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -60,6 +61,26 @@ def _cache_marker() -> int:  # never called: only its cache folder is asked for
     return 0
 
 
+def kernel_cache_dir() -> Path | None:
+    """The folder where Numba keeps this package's kernels (None when Numba does not say)."""
+    try:
+        return Path(kernel(_cache_marker)._cache._cache_path)  # Numba internals
+    except AttributeError:
+        return None
+
+
+@functools.cache
+def sources_sha256(*folders: str) -> str:
+    """SHA-256 of the bytes of every module in these folders of sdq (names relative to the
+    package, e.g. "kernels"), sorted by name within each folder; computed once per process."""
+    root = Path(__file__).resolve().parents[1]  # sdq/
+    h = hashlib.sha256()
+    for folder in folders:
+        for f in sorted((root / folder).glob("*.py")):
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def drop_stale_cache(cache_dir: Path | None = None) -> bool:
     """Remove this package's cached kernels when a module of sdq.kernels changed since they
     were cached (a hash of the modules is kept beside the cache); returns True if it did.
@@ -73,15 +94,14 @@ def drop_stale_cache(cache_dir: Path | None = None) -> bool:
     cache_dir: where Numba keeps this package's kernels (default: asked of Numba for a
     function defined in this folder, which shares the kernels' cache folder)."""
     if cache_dir is None:
-        try:
-            cache_dir = Path(kernel(_cache_marker)._cache._cache_path)  # Numba internals
-        except AttributeError:
+        cache_dir = kernel_cache_dir()
+        if cache_dir is None:
             return False
     here = Path(__file__).parent
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(here.glob("*.py"))))
+    digest = sources_sha256("kernels")
     stamp = cache_dir / _STAMP
     try:
-        if stamp.read_text() == digest.hexdigest():
+        if stamp.read_text() == digest:
             return False
     except OSError:
         pass
@@ -93,7 +113,7 @@ def drop_stale_cache(cache_dir: Path | None = None) -> bool:
             f.unlink(missing_ok=True)
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f"{_STAMP}.{os.getpid()}.tmp"
-        tmp.write_text(digest.hexdigest())
+        tmp.write_text(digest)
         os.replace(tmp, stamp)
     except OSError:
         return False

@@ -38,18 +38,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sdq.kernels.jit import kernel_cache_dir, sources_sha256
+
 CHILD_ENV = "SDQ_JIT_WARM_CHILD"  # set in the child: it must not start another one
 REFUSED = 3  # the child's exit status when the model is refused (an SdqError)
-
-
-def kernel_cache_dir() -> Path | None:
-    """The folder where Numba keeps sdq's kernels (None when Numba does not say)."""
-    from sdq.kernels.jit import _cache_marker, kernel
-
-    try:
-        return Path(kernel(_cache_marker)._cache._cache_path)  # Numba internals
-    except AttributeError:
-        return None
 
 
 def warm_key(model, threads: int) -> str:
@@ -57,15 +49,11 @@ def warm_key(model, threads: int) -> str:
     import llvmlite.binding as llvm
     import numba
 
-    root = Path(__file__).resolve().parents[1]  # sdq/
-    h = hashlib.sha256()
-    for folder in ("kernels", "run"):
-        for f in sorted((root / folder).glob("*.py")):
-            h.update(f.name.encode() + f.read_bytes())
     types = sorted({int(t.qtype) for t in model.tensors.values()})
-    h.update(
+    h = hashlib.sha256(
         repr(
             (
+                sources_sha256("kernels", "run"),
                 llvm.get_host_cpu_name(),
                 llvm.get_host_cpu_features().flatten(),
                 numba.__version__,
@@ -99,8 +87,11 @@ def stamp_path(model, threads: int) -> Path | None:
 def mark_warm(model, threads: int) -> None:
     """Writes the stamp: the kernels a run of `model` calls are cached (errors are ignored)."""
     stamp = stamp_path(model, threads)
-    if stamp is None or stamp.exists():
-        return
+    if stamp is not None and not stamp.exists():
+        _write_stamp(stamp, model)
+
+
+def _write_stamp(stamp: Path, model) -> None:
     try:
         tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
         tmp.write_text(f"{model.path}\n")
@@ -125,5 +116,5 @@ def ensure_warm(model, threads: int, note) -> bool:
         tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         note(f"compiling the kernels in a helper process failed ({tail}); compiling here")
         return False
-    mark_warm(model, threads)
+    _write_stamp(stamp, model)
     return True

@@ -14,10 +14,8 @@ import dataclasses
 from dataclasses import asdict
 
 from sdq.errors import ParamsError
-from sdq.run.settings import RunSettings
+from sdq.run.settings import MAX_PREFETCH_DEPTH, RunSettings
 from sdq.units import MIB
-
-MAX_PREFETCH_DEPTH = 4  # layers a decode step may guess ahead
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from sdq.run.sampler import SamplerSettings
 
 SAMPLER_FIELDS = tuple(f.name for f in dataclasses.fields(SamplerSettings))
+MAX_PREFETCH_DEPTH = 4  # layers a decode step may guess ahead (--prefetch-depth)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ from sdq.errors import ParamsError
 from sdq.measure.experiments.config import FILE_CACHE, RunConfig
 from sdq.measure.limits import METHODS, MemoryLimit
 from sdq.paging.reads import CACHE_MODES
+from sdq.run.settings import MAX_PREFETCH_DEPTH
 from sdq.units import MIB
 
 SUITES = (
@@ -91,15 +92,15 @@ PROFILE_IO_MODES = ("serial", "parallel")
 DEFAULT_PROMPT = "Explain in three sentences how SSD, RAM and CPU caches form a memory hierarchy."
 
 
-PREFETCH_STATES = "off, on or depthN (N layers guessed ahead, 2..4)"
+PREFETCH_STATES = f"off, on or depthN (N layers guessed ahead, 2..{MAX_PREFETCH_DEPTH})"
 
 
 def is_prefetch_state(state: str) -> bool:
-    """off, on, or depthN with N in 2..4 (sdq.run.session.MAX_PREFETCH_DEPTH)."""
+    """off, on, or depthN with N in 2..MAX_PREFETCH_DEPTH."""
     if state in PREFETCH:
         return True
     n = state.removeprefix("depth")
-    return state.startswith("depth") and n.isdigit() and 2 <= int(n) <= 4
+    return state.startswith("depth") and n.isdigit() and 2 <= int(n) <= MAX_PREFETCH_DEPTH
 
 
 def prefetch_args(state: str) -> tuple[str, ...]:
@@ -245,7 +246,10 @@ class Settings:
                 is_prefetch_state(self.pack_prefetch),
                 f"pack_prefetch {self.pack_prefetch!r}: {PREFETCH_STATES}",
             ),
-            (2 <= self.prefetch_depth <= 4, f"prefetch_depth {self.prefetch_depth}: 2..4"),
+            (
+                is_prefetch_state(f"depth{self.prefetch_depth}"),
+                f"prefetch_depth {self.prefetch_depth}: 2..{MAX_PREFETCH_DEPTH}",
+            ),
             (
                 bool(self.layer_miss_misses) and min(self.layer_miss_misses) >= 1,
                 f"layer_miss_misses {self.layer_miss_misses}: counts >= 1",
