@@ -42,13 +42,14 @@ def test_pairs_are_repeats_in_which_both_finished_cold():
 
 
 def test_ratio_summary_is_the_verdict_rules_estimate_and_interval():
-    p = [(2.0, 3.0), (2.0, 4.0), (4.0, 2.0), (1.0, 1.3)]
+    p = [(2.0, 3.0), (2.0, 4.0), (4.0, 2.0), (1.0, 1.3), (2.0, 2.2), (1.0, 1.7)]
     s = ratio_summary(p)
     v = judge(Claim("x-§1-y", "T4", "x", seed=1.5, direction="higher", metric="m"), p)
-    assert (s.n, s.estimate, s.low, s.high) == (4, v.estimate, v.low, v.high)
+    assert (s.n, s.estimate, s.low, s.high) == (6, v.estimate, v.low, v.high)
     assert s.estimate == pytest.approx(math.sqrt(1.3 * 1.5))  # middle two, geometric mean
-    one = ratio_summary([(2.0, 3.0)])
-    assert (one.n, one.low, one.high) == (1, None, None) and one.estimate == pytest.approx(1.5)
+    assert (s.low, s.high) == pytest.approx((0.5, 2.0))  # n = 6: smallest to largest
+    five = ratio_summary(p[:5])
+    assert (five.n, five.low, five.high) == (5, None, None) and not five.excludes_one
     assert ratio_summary([]) == ratio_summary(())
     assert ratio_summary([]).estimate is None and not ratio_summary([]).excludes_one
 

@@ -3,8 +3,9 @@
 A sweep (sdq.measure.experiments) runs every configuration once per repeat, in an order that
 changes from repeat to repeat; two configurations A and B therefore give one pair (a_r, b_r)
 per repeat r in which both finished. `pairs` takes them from a table of runs, `ratio_summary`
-gives their median ratio B/A and its 95 % interval by the lab's verdict rule (sdq.lab.verdict:
-the same estimate and bootstrap, so a table's interval and a verdict's never disagree).
+gives their median ratio B/A and its interval by the lab's verdict rule (sdq.lab.verdict: the
+same estimate and exact order-statistic interval, so a table's interval and a verdict's never
+disagree; fewer than 6 pairs give no interval).
 
 `run_status` turns the runs of each configuration into one text cell ("6 ok", "5 ok, 1
 crashed [1]") and a footnote per error, so a table shows how its rows ended without a column
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sdq.lab.verdict import MIN_N, interval
+from sdq.lab.verdict import interval
 
 
 def _usable(x) -> bool:
@@ -51,7 +52,7 @@ def pairs(runs, a: str, b: str, metric: str, label: str = "label") -> list[tuple
 
 @dataclass(frozen=True)
 class RatioSummary:
-    """Median ratio B/A of n pairs and its 95 % bootstrap interval (None when n < 2)."""
+    """Median ratio B/A of n pairs and its interval of >= 95 % coverage (None when n < 6)."""
 
     n: int
     estimate: float | None
@@ -70,10 +71,10 @@ def ratio_summary(p: Sequence[tuple[float, float]]) -> RatioSummary:
     arr = np.asarray(p, dtype=np.float64)  # (n, 2)
     log_r = np.log(arr[:, 1]) - np.log(arr[:, 0])  # (n,)
     est = math.exp(float(np.median(log_r)))
-    if len(log_r) < MIN_N:
+    bounds = interval(log_r)
+    if bounds is None:
         return RatioSummary(len(log_r), est, None, None)
-    lo, hi = interval(log_r)
-    return RatioSummary(len(log_r), est, math.exp(lo), math.exp(hi))
+    return RatioSummary(len(log_r), est, math.exp(bounds[0]), math.exp(bounds[1]))
 
 
 def run_status(runs, by: Sequence[str], start: int = 1) -> tuple[dict, list[str]]:

@@ -1,61 +1,90 @@
-"""Verdicts on the seed documents' claims: one rule, from paired measurements to one word.
+"""Verdicts on the seed documents' claims: one rule, from measurements to one word.
 
-A seed claim says that an arm B differs from a baseline arm A by a stated factor in a stated
-direction (000 §0: segment-parallel reads decode at 1.48× the speed of serial reads). A
-notebook states it as a `Claim`, measures both arms in paired, alternating runs and calls
-`judge(claim, pairs)`; `Outputs.verdict(claim, verdict)` records the result in
-outputs/<notebook>/<params>/verdicts.json and `make docs` shows every verdict, with the rule
-below, in docs/index.md. The section "Rule" of this docstring is that rule: it is rendered into
-docs/index.md verbatim (`RULE`), so it is stated once and the code beneath it is what it says.
+A notebook states a seed finding as a `Claim` (what the seed measured, its size, the smallest
+difference that matters), measures it here and calls `judge` (paired runs of two arms),
+`judge_level` (runs of one quantity) or `judge_computed` (a deterministic quantity, once);
+`Outputs.verdict(claim, verdict)` records the result in outputs/<notebook>/<params>/
+verdicts.json and `make docs` shows every verdict, with the rule below, in docs/index.md. The
+section "Rule" of this docstring is that rule: it is rendered into docs/index.md verbatim
+(`RULE`), so it is stated once and the code beneath it is what it says.
 
     claim = Claim("000-§0-parallel", "T4", "+48.0 % decode tok/s (3.73 -> 5.52)",
                   seed=1.48, direction="higher", metric="decode_tok_s",
-                  a="serial", b="parallel")
-    v = judge(claim, [(3.1, 4.4), (3.0, 4.6), (3.2, 4.3)], why="NVMe here, Apple SSD there")
-    v.verdict, v.estimate, (v.low, v.high)   # 'reproduced', 1.42, (1.34, 1.53)
+                  a="serial", b="parallel", margin=0.2)
+    v = judge(claim, pairs, why="NVMe here, Apple SSD there", ceiling=1 / (1 - io_share))
+    v.verdict, v.estimate, (v.low, v.high)
 
 Rule
 ----
 
-**Data.** A claim compares two arms on one metric: A, the seed's baseline, and B. The seed
-reports the ratio B/A (its *seed effect*, e.g. 1.48 for "+48 %") and the direction of the
-finding (B *higher* or *lower* than A). We measure n pairs (a_i, b_i), running the arms
-alternately (A B A B …) so that a slow drift of the machine touches both alike, and take each
-pair's ratio r_i = b_i / a_i. A claim about a single quantity instead of two arms (a *level*,
-such as a hit rate) uses the runs' values x_i divided by x_0, the level at which the finding
-would not hold (stated with the claim), as r_i, and the seed's level divided by x_0 as the seed
-effect. Every measurement must be a finite positive number.
+**What a claim says.** Each seed finding is coded as one of four kinds:
 
-**Estimate.** The median of the r_i (for an even n, the geometric mean of the two middle
-ones, so that swapping A and B inverts the estimate exactly). A single disturbed run moves it
-little.
+- *effect*: arm B differs from the seed's baseline arm A by the factor s = B/A in a stated
+  direction (000 §0: segment-parallel reads decode at s = 1.48× the speed of serial reads);
+- *null*: B and A do not differ ("flat", "no gain", "equal"); s is the seed's own ratio,
+  shown beside ours;
+- *level*: one quantity, measured in repeated runs, against the value x₀ at which the finding
+  would not hold; s is the seed's level;
+- *computed*: a deterministic quantity (a file's layout, a statistic of one routing trace, a
+  plan's number) against x₀: computed once (n = 1), never repeated as if measured.
 
-**Interval.** A 95 % percentile bootstrap interval: draw 10,000 resamples of the n pairs
-with replacement (NumPy's PCG64 generator seeded with 0, so the same data always give the same
-interval), take each resample's median as above, and report the 250th smallest and the 250th
-largest of the 10,000 medians.
+Every claim states a margin δ, the smallest difference that matters (by default the ±20 %
+run-to-run jitter the seed reports for its own decode speeds). On the log scale, with d =
+log(1 + δ), the *no-effect band* is [−d, d] around no effect and the *seed's band* is
+[log s − d, log s + d]. A directional claim's seed value must lie more than 2d from no effect,
+so that the two bands do not meet; a smaller seed effect needs a smaller margin, or is a
+null claim.
 
-**Verdict.** For a claim in the direction "higher" (seed effect s > 1), with interval
-[lo, hi]:
+**Data.** Paired runs give one ratio r_i = b_i / a_i per pair, the arms run alternately (A B
+A B …) so that a slow drift of the machine touches both alike; a level claim's runs give r_i
+= x_i / x₀; a computed claim has one value r = x / x₀. Every measurement must be a finite
+positive number. All comparisons are on log r, negated for the direction "lower", so that
+the seed's side is positive.
 
-- *reproduced*: the interval excludes 1 on the seed's side (lo > 1);
-- *contradicted*: the interval excludes 1 on the other side (hi < 1);
-- *not reproduced here*: the interval contains 1 but lies below the seed effect (hi < s):
-  whatever effect there is here is smaller than the seed's;
-- *inconclusive*: the interval contains both 1 and s, or fewer than 2 pairs were measured.
+**Estimate.** The median of the log r_i (for an even n, the mean of the two middle ones),
+shown as a ratio.
 
-For the direction "lower" the same rule applies to 1/r_i. An interval that touches 1 or s
-contains it. A verdict also says whether s lies inside the interval, i.e. whether the size of
-the seed's effect, not only its direction, is consistent with ours.
+**Interval.** The exact distribution-free 95 % interval of the median: the k-th smallest and
+the k-th largest log r_i, with k the largest integer for which 2 · P(Bin(n, ½) < k) ≤ 0.05.
+Its coverage is at least 95 % at every n for any continuous distribution of the ratios, and
+is stated with each verdict. Fewer than 6 measurements cannot reach 95 % (with 5, the widest
+interval, smallest to largest, covers 93.75 %), so they give no interval and no decisive word.
+A computed value is exact: its interval is the value itself.
 
-**Pairs that would settle an inconclusive verdict.** Take logarithms, negated for the
-direction "lower", so that the seed's side is positive: m is the log of the estimate, [l, h]
-the log of the interval and t the log of the seed effect s; "inconclusive" means l ≤ 0 and
-t ≤ h. If the interval kept its shape around m and narrowed as 1/√n, it would exclude 0
-(reproduced) once n·((m − l)/m)² pairs were measured, possible when m > 0, and exclude t (not
-reproduced here) once n·((h − m)/(t − m))² were, possible when m < t. The smaller of the two,
-rounded up and at least n + 1, is reported: a projection from the observed spread, not a
-promise. With fewer than 2 pairs there is no spread to project from, and no number is given.
+**Applicability.** A claim may state the regime it needs, measured in the same run: for a
+faster read path, the share w of token time spent waiting on reads, which caps any decode
+gain at 1 / (1 − w). When that cap in the seed's direction lies below the seed's band (below
+s / (1 + δ)), the seed's effect cannot appear here whatever the pager does, and the verdict
+is *not testable here*; for a null claim, when the cap lies inside the no-effect band, the
+null holds trivially and is *not testable here* too. The estimate is still shown.
+
+**Verdict of an effect** (and of a level or computed claim with a direction), with [l, h]
+the aligned interval:
+
+- *not reproduced*: [l, h] lies inside the no-effect band (whatever effect there is, it is
+  smaller than the margin);
+- *reproduced*: otherwise, l > 0 (no effect is excluded on the seed's side) and [l, h]
+  overlaps the seed's band (the seed's size is consistent with ours);
+- *reproduced in direction only (smaller)* / *(larger)*: otherwise, l > 0 and [l, h] lies
+  below / above the seed's band;
+- *contradicted*: otherwise, h < 0 (an effect on the other side, reaching beyond the margin);
+- *inconclusive*: anything else, or fewer than 6 measurements, with the number of
+  measurements that would settle it.
+
+**Verdict of a null claim** (and of a level or computed claim with direction "equal"):
+*reproduced* when [l, h] lies inside the no-effect band; *contradicted* when it lies wholly
+outside it; *inconclusive* otherwise.
+
+**Predictions.** A claim judged on an emulated device (a device model fitted to the seed's
+§1 table) is a *prediction* of that model, shown as such: only the seed's own §1 table can
+check the fit, and it is shown as residuals, not judged.
+
+**Measurements that would settle an inconclusive verdict.** If the interval kept its shape
+around the estimate m and narrowed as 1/√n, it would reach the nearest decision (exclude no
+effect, fall inside a band, or leave the seed's band) after n · (half-width / distance)²
+measurements; the smallest such number, rounded up and at least 6 and n + 1, is reported: a
+projection from the observed spread, not a promise. With fewer than 2 measurements there is
+no spread to project from, and 6 is reported.
 """
 
 from __future__ import annotations
@@ -71,19 +100,30 @@ from sdq.errors import LabError, ParamsError
 from sdq.lab.catalogue import CATALOGUE
 
 REPRODUCED = "reproduced"
-NOT_REPRODUCED = "not reproduced here"
-INCONCLUSIVE = "inconclusive"
+SMALLER = "reproduced in direction only (smaller)"
+LARGER = "reproduced in direction only (larger)"
+NOT_REPRODUCED = "not reproduced"
 CONTRADICTED = "contradicted"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, CONTRADICTED)  # the only verdict words
-DIRECTIONS = ("higher", "lower")
-KINDS = ("ratio", "level")  # B/A from pairs; one quantity from runs
+INCONCLUSIVE = "inconclusive"
+NOT_TESTABLE = "not testable here"
+VERDICTS = (  # the only verdict words, in the order the index counts them
+    REPRODUCED,
+    SMALLER,
+    LARGER,
+    NOT_REPRODUCED,
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+)
+SUPPORTS = (REPRODUCED, SMALLER, LARGER)  # decisive words on the seed's side
+OPPOSES = (NOT_REPRODUCED, CONTRADICTED)  # decisive words against it
+KINDS = ("effect", "null", "level", "computed")
+DIRECTIONS = ("higher", "lower", "equal")
+BASES = ("measured", "prediction")
 
 CONFIDENCE = 0.95
-RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0
-TAIL = round(RESAMPLES * (1 - CONFIDENCE) / 2)  # 250: the interval's ends are the TAIL-th
-MIN_N = 2  # fewer measurements: no interval, "inconclusive"
-MAX_N = 20_000  # the bootstrap holds RESAMPLES x n int32 indices (800 MB at this n)
+MIN_N = 6  # the fewest measurements whose widest interval covers >= 95 %
+DEFAULT_MARGIN = 0.2  # the seed's own run-to-run jitter of decode speed (000 §0: ±20 %)
 
 
 def _rule_section(doc: str) -> str:
@@ -96,7 +136,7 @@ RULE = _rule_section(__doc__)  # the rule in words, rendered into docs/index.md
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim of a seed document, as a notebook tests it.
+    """One finding of a seed document, as a notebook tests it.
 
     Parameters
     ----------
@@ -107,19 +147,24 @@ class Claim:
     seed_figure : str
         The seed's figure as the seed states it, e.g. "+48.0 % decode tok/s (3.73 -> 5.52)".
     seed : float
-        The seed effect: the ratio B/A for a "ratio" claim (1.48 for +48 %), the level itself
-        for a "level" claim (0.70 for a 70 % hit rate).
+        The seed's value: the ratio B/A ("effect", "null": 1.48 for +48 %), or the quantity
+        itself ("level", "computed": 0.70 for a 70 % hit rate).
     direction : str
-        "higher" or "lower": the side of `null` on which the seed found B (or the level).
+        "higher" or "lower": the side of no effect on which the seed found B (or the
+        quantity); "equal" for a finding of no difference (always so for kind "null").
     metric : str
         The metric compared (a DESIGN.md metric name where there is one).
     a, b : str
-        Names of the baseline arm A and the compared arm B ("ratio" claims).
+        Names of the baseline arm A and the compared arm B ("effect", "null").
     kind : str
-        "ratio" (judged by `judge` from pairs) or "level" (by `judge_level` from runs).
+        "effect", "null", "level" or "computed" (see the rule).
     null : float or None
-        The value that means "no effect": None for a ratio claim (the ratio 1); required for a
-        level claim (the level at which the finding would not hold).
+        The value of the quantity that means "no effect" ("level", "computed"); None for a
+        ratio of two arms, whose no-effect value is 1.
+    margin : float
+        δ: the smallest relative difference that matters (0.2 = 20 %).
+    basis : str
+        "measured" (this machine) or "prediction" (an emulated device's model).
     """
 
     id: str
@@ -130,8 +175,10 @@ class Claim:
     metric: str
     a: str = ""
     b: str = ""
-    kind: str = "ratio"
+    kind: str = "effect"
     null: float | None = None
+    margin: float = DEFAULT_MARGIN
+    basis: str = "measured"
 
     def __post_init__(self) -> None:
         for what in ("id", "seed_figure", "metric"):
@@ -147,49 +194,74 @@ class Claim:
         tables = [spec.id for spec in CATALOGUE]
         if self.table not in tables:
             raise ParamsError(f"claim {self.id}: table {self.table!r} is not one of {tables}")
-        if self.direction not in DIRECTIONS:
+        for what, value, allowed in (
+            ("direction", self.direction, DIRECTIONS),
+            ("kind", self.kind, KINDS),
+            ("basis", self.basis, BASES),
+        ):
+            if value not in allowed:
+                raise ParamsError(f"claim {self.id}: {what} {value!r} is not one of {allowed}")
+        paired = self.kind in ("effect", "null")
+        if paired and self.null is not None:
             raise ParamsError(
-                f"claim {self.id}: direction {self.direction!r} is not one of {DIRECTIONS}"
+                f"claim {self.id}: the no-effect value of a ratio of two arms is 1; "
+                f"null={self.null} is for level and computed claims"
             )
-        if self.kind not in KINDS:
-            raise ParamsError(f"claim {self.id}: kind {self.kind!r} is not one of {KINDS}")
-        if self.kind == "ratio" and self.null is not None:
+        if not paired and self.null is None:
             raise ParamsError(
-                f"claim {self.id}: a ratio claim's no-effect value is the ratio 1; "
-                f"null={self.null} is for level claims"
+                f"claim {self.id}: a {self.kind} claim needs null, the value at which the "
+                "finding would not hold"
             )
-        if self.kind == "level" and self.null is None:
+        if self.kind == "null" and self.direction != "equal":
+            raise ParamsError(f"claim {self.id}: a null claim has direction 'equal'")
+        if self.kind == "effect" and self.direction == "equal":
             raise ParamsError(
-                f"claim {self.id}: a level claim needs null, the level at which the finding "
-                "would not hold"
+                f"claim {self.id}: an effect has direction 'higher' or 'lower'; a finding of "
+                "no difference is kind 'null'"
             )
-        checked = (("seed", self.seed),) + ((("null", self.null),) if self.kind == "level" else ())
+        checked = (("seed", self.seed), ("margin", self.margin))
+        checked += (("null", self.null),) if not paired else ()
         for what, x in checked:
             if not _positive_number(x):
                 raise ParamsError(f"claim {self.id}: {what} {x!r} must be a finite number > 0")
-        side = (
-            self.seed > self.reference if self.direction == "higher" else self.seed < self.reference
-        )
-        if not side:
+        d = self.band
+        t = math.log(self.seed / self.reference)
+        if self.direction == "equal":
+            if abs(t) > d:
+                raise ParamsError(
+                    f"claim {self.id}: the seed's own {self.seed:g} lies outside its no-effect "
+                    f"band (margin {self.margin:g}): the seed saw a difference; widen the "
+                    "margin or code the claim as an effect"
+                )
+            return
+        aligned = t if self.direction == "higher" else -t
+        if aligned <= 2 * d:
             raise ParamsError(
-                f"claim {self.id}: seed {self.seed} is not {self.direction} than the "
-                f"no-effect value {self.reference}"
+                f"claim {self.id}: seed {self.seed:g} is not {self.direction} than the "
+                f"no-effect value {self.reference:g} by more than twice the margin "
+                f"{self.margin:g} (its band would meet the no-effect band): a smaller margin, "
+                "or a null claim"
             )
 
     @property
     def reference(self) -> float:
-        """The no-effect value: 1 for a ratio claim, `null` for a level claim."""
-        return 1.0 if self.kind == "ratio" else float(self.null)  # type: ignore[arg-type]
+        """The no-effect value: 1 for a ratio of two arms, `null` otherwise."""
+        return 1.0 if self.null is None else float(self.null)
+
+    @property
+    def band(self) -> float:
+        """d = log(1 + margin): the half-width of the no-effect band and the seed's band."""
+        return math.log1p(self.margin)
 
     @property
     def unit(self) -> str:
-        """What one measurement of this claim is called: "pair" or "run"."""
-        return "pair" if self.kind == "ratio" else "run"
+        """What one measurement of this claim is called: "pair", "run" or "value"."""
+        return {"effect": "pair", "null": "pair", "level": "run", "computed": "value"}[self.kind]
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What `judge` found for one claim; `why` is the notebook's one line on the difference.
+    """What the rule found for one claim; `why` is the notebook's one line on the difference.
 
     Parameters
     ----------
@@ -198,15 +270,17 @@ class Verdict:
     verdict : str
         One of `VERDICTS`.
     n : int
-        Pairs (ratio claim) or runs (level claim) measured.
+        Pairs, runs or values measured.
     estimate : float or None
-        Median ratio B/A (ratio claim) or median level (level claim); None when n == 0.
+        Median ratio B/A, median level or the computed value; None when n == 0.
     low, high : float or None
-        The 95 % bootstrap interval, same units as `estimate`; None when n < 2.
+        The interval (coverage `confidence`), same units as `estimate`; None when n < MIN_N
+        (a computed value: the value itself).
     seed_inside : bool or None
-        Whether the seed effect lies in [low, high]; None when n < 2.
+        Whether the interval overlaps the seed's band (the seed's value widened by the
+        margin); None without an interval.
     n_needed : int or None
-        For "inconclusive" with n >= 2: pairs (or runs) in all that would settle it.
+        For "inconclusive": the measurements in all that would settle it.
     reason : str
         The clause of the rule that decided, with its numbers.
     data : tuple
@@ -214,6 +288,14 @@ class Verdict:
     why : str
         One line, filled by the notebook: why ours differs from the seed (device, model,
         method), or why it agrees.
+    confidence : float or None
+        The interval's exact coverage (>= 0.95); None without an interval; 1 for a computed
+        value.
+    ceiling : float or None
+        The largest ratio the measured regime allows in the seed's direction (applicability);
+        None when the claim states no regime.
+    regime : str
+        What `ceiling` comes from, with its numbers.
     """
 
     claim: str
@@ -227,30 +309,39 @@ class Verdict:
     reason: str
     data: tuple
     why: str = ""
-    confidence: float = CONFIDENCE
-    resamples: int = RESAMPLES
-    bootstrap_seed: int = BOOTSTRAP_SEED
+    confidence: float | None = None
+    ceiling: float | None = None
+    regime: str = ""
 
 
-def judge(claim: Claim, pairs: Sequence[Sequence[float]], why: str = "") -> Verdict:
-    """Judge a ratio claim from paired, alternating runs by the rule of this module.
+def judge(
+    claim: Claim,
+    pairs: Sequence[Sequence[float]],
+    why: str = "",
+    ceiling: float | None = None,
+    regime: str = "",
+) -> Verdict:
+    """Judge an effect or null claim from paired, alternating runs by the rule of this module.
 
     Parameters
     ----------
     claim : Claim
-        A claim of kind "ratio".
+        A claim of kind "effect" or "null".
     pairs : sequence of (a, b)
         shape (n, 2): metric of arm A and of arm B in each pair of adjacent runs; n may be 0.
     why : str
         The notebook's one line on why ours differs from the seed.
+    ceiling, regime : float or None, str
+        The largest ratio B/A in the seed's direction that the measured regime allows, and
+        the words and numbers it comes from (the rule's "Applicability").
 
     Raises
     ------
     LabError
         A measurement that is not a finite positive number, or pairs not of shape (n, 2).
     """
-    if claim.kind != "ratio":
-        raise ParamsError(f"claim {claim.id}: a {claim.kind} claim is judged by judge_level")
+    if claim.kind not in ("effect", "null"):
+        raise ParamsError(f"claim {claim.id}: a {claim.kind} claim is not judged from pairs")
     arr = np.asarray(pairs, dtype=np.float64)
     if arr.size == 0:
         arr = arr.reshape(0, 2)
@@ -259,98 +350,196 @@ def judge(claim: Claim, pairs: Sequence[Sequence[float]], why: str = "") -> Verd
     _check_measurements(claim, arr)
     log_r = np.log(arr[:, 1]) - np.log(arr[:, 0])  # (n,) log(b_i / a_i)
     data = tuple((float(a), float(b)) for a, b in arr)
-    return _judge(claim, log_r, data, why)
+    return _judge(claim, log_r, data, why, ceiling, regime)
 
 
-def judge_level(claim: Claim, values: Sequence[float], why: str = "") -> Verdict:
+def judge_level(
+    claim: Claim,
+    values: Sequence[float],
+    why: str = "",
+    ceiling: float | None = None,
+    regime: str = "",
+) -> Verdict:
     """Judge a level claim from n runs' values of one quantity (against `claim.null`).
 
-    Parameters
-    ----------
-    claim : Claim
-        A claim of kind "level".
-    values : sequence of float
-        shape (n,): the quantity in each run; n may be 0.
-    why : str
-        The notebook's one line on why ours differs from the seed.
+    values : shape (n,): the quantity in each run; n may be 0. The runs must be repeated
+    measurements: a deterministic quantity is a computed claim (`judge_computed`).
     """
     if claim.kind != "level":
-        raise ParamsError(f"claim {claim.id}: a {claim.kind} claim is judged by judge")
+        raise ParamsError(f"claim {claim.id}: a {claim.kind} claim is not judged from runs")
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
         raise LabError(f"claim {claim.id}: values must have shape (n,), got {arr.shape}")
     _check_measurements(claim, arr)
     log_r = np.log(arr) - math.log(claim.reference)  # (n,) log(x_i / x_0)
-    return _judge(claim, log_r, tuple(float(x) for x in arr), why)
+    return _judge(claim, log_r, tuple(float(x) for x in arr), why, ceiling, regime)
 
 
-def bootstrap_medians(log_r: np.ndarray) -> np.ndarray:
-    """The medians of `RESAMPLES` resamples of `log_r` (shape (n,)), sorted; shape (RESAMPLES,).
+def judge_computed(claim: Claim, value: float, why: str = "") -> Verdict:
+    """Judge a computed claim from its one deterministic value (against `claim.null`)."""
+    if claim.kind != "computed":
+        raise ParamsError(f"claim {claim.id}: a {claim.kind} claim is not one computed value")
+    arr = np.asarray([value], dtype=np.float64)  # (1,)
+    _check_measurements(claim, arr)
+    log_r = np.log(arr) - math.log(claim.reference)
+    return _judge(claim, log_r, (float(arr[0]),), why, None, "")
 
-    One draw of all indices from PCG64(`BOOTSTRAP_SEED`), so the result depends on the data only.
-    """
+
+def _below(k: int, n: int) -> float:
+    """P(Bin(n, 1/2) < k), exactly."""
+    return sum(math.comb(n, i) for i in range(k)) / 2.0**n
+
+
+def judge_not_testable(claim: Claim, regime: str, why: str = "") -> Verdict:
+    """A claim that this machine cannot test at all, whatever it measures (the seed's absolute
+    figure of another machine, a resource this machine lacks): *not testable here*, with
+    `regime` saying what rules it out and where it is testable. No data are judged."""
+    if not isinstance(regime, str) or not regime.strip():
+        raise LabError(f"claim {claim.id}: 'not testable here' needs the regime that rules it out")
+    return Verdict(
+        claim.id, NOT_TESTABLE, 0, None, None, None, None, None, regime, (), why, regime=regime
+    )
+
+
+def order_statistic_rank(n: int, confidence: float = CONFIDENCE) -> int:
+    """k: the interval of the median runs from the k-th smallest to the k-th largest of n
+    values; the largest k with 2 * P(Bin(n, 1/2) < k) <= 1 - confidence, 0 when there is none
+    (n < MIN_N at 95 %)."""
+    k = 0
+    while k < n // 2 + 1 and 2 * _below(k + 1, n) <= 1 - confidence + 1e-12:
+        k += 1
+    return k
+
+
+def coverage(n: int, confidence: float = CONFIDENCE) -> float | None:
+    """The exact coverage of the order-statistic interval at n; None when there is none."""
+    k = order_statistic_rank(n, confidence)
+    return None if k == 0 else 1 - 2 * _below(k, n)
+
+
+def interval(log_r: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The exact interval of the median of `log_r` (shape (n,)), on the log scale; None when
+    n is too small to reach `confidence`."""
     n = len(log_r)
-    rng = np.random.Generator(np.random.PCG64(BOOTSTRAP_SEED))
-    idx = rng.integers(0, n, size=(RESAMPLES, n), dtype=np.int32)  # (B, n)
-    medians = np.empty(RESAMPLES)
-    rows = max(1, (1 << 22) // n)  # bound the (rows, n) float block to 32 MB
-    for start in range(0, RESAMPLES, rows):
-        medians[start : start + rows] = np.median(log_r[idx[start : start + rows]], axis=1)
-    return np.sort(medians)
+    k = order_statistic_rank(n, confidence)
+    if k == 0:
+        return None
+    x = np.sort(log_r)
+    return float(x[k - 1]), float(x[n - k])
 
 
-def interval(log_r: np.ndarray) -> tuple[float, float]:
-    """The percentile interval on the log scale: the TAIL-th smallest and largest medians."""
-    medians = bootstrap_medians(log_r)
-    return float(medians[TAIL - 1]), float(medians[RESAMPLES - TAIL])
-
-
-def _judge(claim: Claim, log_r: np.ndarray, data: tuple, why: str) -> Verdict:
+def _judge(
+    claim: Claim,
+    log_r: np.ndarray,
+    data: tuple,
+    why: str,
+    ceiling: float | None,
+    regime: str,
+) -> Verdict:
     n = len(log_r)
     ref = claim.reference
     unit = claim.unit
-    if n > MAX_N:
-        raise LabError(f"claim {claim.id}: {n:,} {unit}s; at most {MAX_N:,} are bootstrapped")
+    units = f"{n} {unit}{'' if n == 1 else 's'}"
+    d = claim.band
+    sign = -1.0 if claim.direction == "lower" else 1.0
+    s = sign * math.log(claim.seed / ref)  # aligned seed value: > d, or |s| <= d if "equal"
+    equal = claim.direction == "equal"
+    if ceiling is not None and not (_positive_number(ceiling) and regime.strip()):
+        raise LabError(f"claim {claim.id}: ceiling {ceiling!r} needs a positive value and a regime")
     estimate = ref * math.exp(float(np.median(log_r))) if n else None
-    if n < MIN_N:
-        reason = f"{n} {unit}{'' if n == 1 else 's'}: a verdict needs at least {MIN_N}"
-        return Verdict(
-            claim.id, INCONCLUSIVE, n, estimate, None, None, None, None, reason, data, why
-        )
-    lo_log, hi_log = interval(log_r)
-    low, high = ref * math.exp(lo_log), ref * math.exp(hi_log)
-    sign = 1.0 if claim.direction == "higher" else -1.0
-    m = sign * float(np.median(log_r))  # aligned: the seed's direction is positive
-    lo, hi = sorted((sign * lo_log, sign * hi_log))
-    s = sign * math.log(claim.seed / ref)  # > 0 by Claim's check
-    t_low, t_high, t_ref, t_seed = distinct_numbers(low, high, ref, claim.seed)
-    shown = f"95 % interval {t_low}–{t_high}"
-    none = "1" if claim.kind == "ratio" else f"the no-effect level {t_ref}"
-    seed = f"the seed's {t_seed}"
-    needed = None
-    if lo > 0:
-        word, reason = REPRODUCED, f"{shown} excludes {none} on the seed's side"
-    elif hi < 0:
-        word, reason = CONTRADICTED, f"{shown} excludes {none} on the side opposite the seed's"
-    elif hi < s:
-        word, reason = NOT_REPRODUCED, f"{shown} contains {none} but not {seed}"
+    if claim.kind == "computed":
+        lo_log = hi_log = float(log_r[0]) if n else None
+        conf = 1.0 if n else None
     else:
-        word = INCONCLUSIVE
-        needed = _n_needed(n, m, lo, hi, s)
-        reason = f"{shown} contains both {none} and {seed}; about {needed} {unit}s would settle it"
-    inside = min(low, high) <= claim.seed <= max(low, high)
-    return Verdict(claim.id, word, n, estimate, low, high, inside, needed, reason, data, why)
+        bounds = interval(log_r)
+        lo_log, hi_log = bounds if bounds else (None, None)
+        conf = coverage(n)
+    low = None if lo_log is None else ref * math.exp(lo_log)
+    high = None if hi_log is None else ref * math.exp(hi_log)
+    fields = dict(why=why, confidence=conf, ceiling=ceiling, regime=regime)
+
+    def verdict(word, reason, inside=None, needed=None):
+        return Verdict(claim.id, word, n, estimate, low, high, inside, needed, reason, data, **fields)
+
+    if ceiling is not None:
+        cap = math.log(ceiling)  # aligned: the largest effect on the seed's side
+        if equal and cap <= d:
+            return verdict(
+                NOT_TESTABLE,
+                f"{regime}: no effect beyond the margin ({claim.margin:.0%}) can appear here, "
+                "so the seed's 'no difference' holds trivially",
+            )
+        if not equal and cap < s - d:
+            t_cap, t_seed = distinct_numbers(ceiling, claim.seed)
+            return verdict(
+                NOT_TESTABLE,
+                f"{regime}: at most {t_cap}× here, below the seed's {t_seed}× less its "
+                f"{claim.margin:.0%} margin",
+            )
+    if lo_log is None:
+        return verdict(
+            INCONCLUSIVE,
+            f"{units}: an interval with {CONFIDENCE:.0%} coverage needs at least {MIN_N}",
+            needed=MIN_N,
+        )
+    lo, hi = sorted((sign * lo_log, sign * hi_log))  # aligned: the seed's side is positive
+    m = sign * float(np.median(log_r))
+    t_low, t_high, t_ref, t_seed = distinct_numbers(low, high, ref, claim.seed)
+    shown = f"{t_low}" if claim.kind == "computed" else f"{conf:.1%} interval {t_low}–{t_high}"
+    none = "1" if claim.null is None else f"the no-effect value {t_ref}"
+    band = f"±{claim.margin:.0%}"
+    seed_overlap = hi >= s - d and lo <= s + d
+    if equal:
+        if -d <= lo and hi <= d:
+            return verdict(REPRODUCED, f"{shown} lies inside {none} {band}", seed_overlap)
+        if lo > d or hi < -d:
+            return verdict(CONTRADICTED, f"{shown} lies outside {none} {band}", seed_overlap)
+        needed = _n_needed(n, m, lo, hi, [d, -d])
+        return verdict(
+            INCONCLUSIVE,
+            f"{shown} straddles the edge of {none} {band}; about {needed} {unit}s would "
+            "settle it",
+            seed_overlap,
+            needed,
+        )
+    if -d <= lo and hi <= d:
+        return verdict(NOT_REPRODUCED, f"{shown} lies inside {none} {band}", False)
+    if lo > 0:
+        if seed_overlap:
+            why_word = f"excludes {none} on the seed's side and meets the seed's {t_seed} {band}"
+            return verdict(REPRODUCED, f"{shown} {why_word}", True)
+        word, side = (SMALLER, "below") if hi < s - d else (LARGER, "above")
+        return verdict(
+            word, f"{shown} excludes {none} and lies {side} the seed's {t_seed} {band}", False
+        )
+    if hi < 0:
+        return verdict(
+            CONTRADICTED,
+            f"{shown} excludes {none} on the side opposite the seed's, beyond {band}",
+            False,
+        )
+    needed = _n_needed(n, m, lo, hi, [0.0, d, -d, s - d])
+    return verdict(
+        INCONCLUSIVE,
+        f"{shown} contains {none} and reaches beyond {band}; about {needed} {unit}s would "
+        "settle it",
+        seed_overlap,
+        needed,
+    )
 
 
-def _n_needed(n: int, m: float, lo: float, hi: float, s: float) -> int:
-    """Pairs at which the interval, keeping its shape around m and narrowing as 1/sqrt(n),
-    would exclude 0 (needs m > 0) or s (needs m < s); all on the aligned log scale."""
+def _n_needed(n: int, m: float, lo: float, hi: float, edges: Sequence[float]) -> int:
+    """Measurements at which the interval, keeping its shape around m and narrowing as
+    1/sqrt(n), would first clear one of `edges` (aligned log scale): the half-width on the
+    edge's side over the distance from m to the edge, squared, times n."""
     options = []
-    if m > 0:
-        options.append(n * ((m - lo) / m) ** 2)
-    if m < s:
-        options.append(n * ((hi - m) / (s - m)) ** 2)
-    return max(n + 1, math.ceil(min(options)))
+    for edge in edges:
+        half = (m - lo) if edge < m else (hi - m)
+        gap = abs(m - edge)
+        if gap > 0:
+            options.append(n * (half / gap) ** 2)
+    best = math.ceil(min(options)) if options else n + 1
+    return max(n + 1, MIN_N, best)
 
 
 def _check_measurements(claim: Claim, arr: np.ndarray) -> None:
@@ -409,6 +598,8 @@ CLAIM_FIELDS = (
     "b",
     "kind",
     "null",
+    "margin",
+    "basis",
 )
 
 
@@ -445,6 +636,11 @@ def from_record(record: Mapping[str, Any]) -> tuple[Claim, Verdict]:
 
 def rejudge(claim: Claim, verdict: Verdict) -> Verdict:
     """Judge the recorded data again (what docs does before it shows a recorded verdict)."""
-    if claim.kind == "ratio":
-        return judge(claim, verdict.data, why=verdict.why)
-    return judge_level(claim, verdict.data, why=verdict.why)
+    regime = dict(ceiling=verdict.ceiling, regime=verdict.regime)
+    if verdict.n == 0 and verdict.verdict == NOT_TESTABLE and verdict.ceiling is None:
+        return judge_not_testable(claim, verdict.regime, why=verdict.why)
+    if claim.kind in ("effect", "null"):
+        return judge(claim, verdict.data, why=verdict.why, **regime)
+    if claim.kind == "level":
+        return judge_level(claim, verdict.data, why=verdict.why, **regime)
+    return judge_computed(claim, verdict.data[0], why=verdict.why)
