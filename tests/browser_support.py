@@ -162,6 +162,26 @@ class Browser:
         facts = result["result"]["value"]
         return Loaded(url=url, status=int(response["response"]["status"]), **facts)
 
+    def set_width(self, width: int, height: int = 900) -> None:
+        """Lay pages out in a window `width` CSS pixels wide (until set again)."""
+        self._call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+            session=True,
+        )
+
+    def evaluate(self, expression: str):
+        """The value of a JavaScript expression in the page loaded last (returned by value)."""
+        result = self._call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, session=True
+        )
+        if "exceptionDetails" in result:
+            raise BrowserError(f"evaluating failed: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
     def _call(self, method: str, session: bool = False, **params) -> dict:
         self._next_id += 1
         message = {"id": self._next_id, "method": method, "params": params}

@@ -68,12 +68,11 @@ def test_index_lists_notebooks_and_catalogue_honestly(repo):
     index = (repo / "docs" / "index.md").read_text()
     assert "[Demo](../notebooks/00_demo.ipynb) | [00_demo.md](00_demo.md)" in index
     t2 = next(line for line in index.splitlines() if line.startswith("| T2 |"))
-    assert "[00_demo.md](00_demo.md)" in t2
-    assert "outputs/00_demo/default/tables/T2.md" in t2
+    assert "[page](00_demo.md) · [T2.md](../outputs/00_demo/default/tables/T2.md)" in t2
     t1 = next(line for line in index.splitlines() if line.startswith("| T1 |"))
     assert t1.endswith(f"| {NOT_PRODUCED} |")
     other = next(line for line in index.splitlines() if "01_other.ipynb" in line)
-    assert other.endswith(f"| no docs template yet | {NOT_PRODUCED} |")
+    assert other.endswith(f"| no docs template yet | {NOT_PRODUCED} | — |")
 
 
 def test_rendering_is_deterministic(repo):
@@ -136,6 +135,7 @@ def test_unknown_index_marker_names_the_known_ones(repo):
     with pytest.raises(LabError) as err:
         render("default", root=repo)
     assert str(err.value) == (
-        "docs/src/index.md:3: {{index:verdict}}: the index knows only {{index:notebooks}}, "
-        "{{index:catalogue}}, {{index:verdict_rule}}, {{index:verdicts}}"
+        "docs/src/index.md:3: {{index:verdict}}: the index knows only {{index:summary}}, "
+        "{{index:notebooks}}, {{index:catalogue}}, {{index:verdict_rule}}, {{index:verdicts}}, "
+        "{{index:stability}}"
     )

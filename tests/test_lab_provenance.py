@@ -33,6 +33,7 @@ def test_record_has_every_field(tmp_path):
     assert p["packages"]["sdq"] and p["packages"]["python"]
     assert p["cpu"]["logical_cores"] >= 1 and p["cpu"]["usable_cores"] >= 1
     assert p["cpu"]["model"]
+    assert isinstance(p["cpu"]["vector_extensions"], list)  # [] on a CPU that names none
     assert p["ram"]["total_mb"] > 0
     assert p["model"]["file"] == "m.gguf" and p["model"]["bytes"] == 64
     for disk in (p["model"]["disk"], p["outputs_disk"]):

@@ -103,7 +103,16 @@ def pairs_with_ratios(ratios, a=4.0):
 def test_the_rank_is_the_largest_with_at_least_95_percent_coverage():
     """By hand: with n = 6 the extremes cover 1 - 2/64; with n = 9, the 2nd from each end
     covers 1 - 2 * 10/512; with 5 even the extremes cover only 1 - 2/32 < 95 %."""
-    assert [order_statistic_rank(n) for n in (1, 5, 6, 8, 9, 12, 17, 20)] == [0, 0, 1, 1, 2, 3, 5, 6]
+    assert [order_statistic_rank(n) for n in (1, 5, 6, 8, 9, 12, 17, 20)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        3,
+        5,
+        6,
+    ]
     assert coverage(6) == pytest.approx(62 / 64) and coverage(9) == pytest.approx(1 - 20 / 512)
     assert coverage(5) is None and MIN_N == 6
     for n in range(6, 60):
@@ -149,7 +158,10 @@ def test_fewer_than_6_pairs_are_never_decisive(n):
     for ratio in (1.48, 1.0, 0.5, 3.0):
         v = judge(PARALLEL, pairs_with_ratios([ratio] * n))
         assert v.verdict == INCONCLUSIVE and v.low is None and v.n_needed == MIN_N
-        assert v.reason == f"{n} pair{'s' if n > 1 else ''}: an interval with 95% coverage needs at least 6"
+        assert (
+            v.reason
+            == f"{n} pair{'s' if n > 1 else ''}: an interval with 95% coverage needs at least 6"
+        )
     assert judge(FLAT, pairs_with_ratios([1.0] * 5)).verdict == INCONCLUSIVE
 
 
@@ -250,7 +262,10 @@ def test_a_regime_that_caps_the_gain_below_the_seeds_makes_it_not_testable():
     regime = "I/O wait 9.3 of 53 ms per token (17.6 %)"
     v = judge(PARALLEL, pairs_with_ratios([1.02] * 6), ceiling=1 / (1 - 0.176), regime=regime)
     assert v.verdict == NOT_TESTABLE and v.estimate == pytest.approx(1.02)
-    assert v.reason == f"{regime}: at most 1.21× here, below the seed's 1.48× less its 20% margin"
+    assert (
+        v.reason
+        == f"{regime}: at most 1.21× here, short of the seed's 1.48× by more than its 20% margin"
+    )
     open_ = judge(PARALLEL, pairs_with_ratios([1.45] * 6), ceiling=3.0, regime=regime)
     assert open_.verdict == REPRODUCED
     split = Claim("000-§4.1-split", "T5", "+1.6 %", 1.016, "equal", "decode_tok_s", kind="null",
@@ -437,5 +452,3 @@ def test_a_malformed_verdicts_file_is_a_lab_error_naming_it(tmp_path):
     path.write_text(json.dumps([record, record]))
     with pytest.raises(LabError, match="recorded twice"):
         read_verdicts(path)
-
-

@@ -63,6 +63,36 @@ def test_slots_fill_what_is_left(model):
     assert plan.growth_bytes == fixed - 20 * MIB + plan.slots * per_slot
 
 
+def test_seed_sizing_counts_only_the_resident_set_dense_and_reserve(model):
+    """Sizing "seed" (000 §5): arena = budget - RSS now - dense - reserve; the KV cache, the
+    compute buffers, the transient arrays, the pager's stacks and the data segment are not
+    counted, so the seed's arena is larger than the plan's by exactly what they take."""
+    now = ProcessSize(20 * MIB, 30 * MIB)  # a data segment larger than the resident set
+    kw = dict(n_ctx=256, n_ubatch=16, reserve_mb=1, rss_now=now, compute_threads=2)
+    plan = plan_memory(model, 1e4, **kw)
+    seed = plan_memory(model, 1e4, sizing="seed", **kw)
+    assert seed.sizing == "seed" and plan.sizing == "plan"
+    assert seed.fixed_bytes == 20 * MIB + seed.dense_bytes + 1 * MIB
+    left_out = plan.fixed_bytes - seed.fixed_bytes
+    assert left_out == (
+        plan.process_bytes
+        - 20 * MIB
+        + plan.kv_bytes
+        + plan.compute_bytes
+        + plan.transient_bytes
+        + plan.pager_bytes
+    )
+    per_slot = plan.per_slot_bytes
+    budget_mb = (seed.fixed_bytes + 10.5 * per_slot) / MIB
+    seed = plan_memory(model, budget_mb, sizing="seed", **kw)
+    assert seed.slots == 10 and 0 <= seed.left_bytes < per_slot
+    assert seed.to_dict()["sizing"] == "seed"
+    with pytest.raises(PlanError):  # the plan's count leaves fewer than K slots at that budget
+        plan_memory(model, budget_mb, **kw)
+    with pytest.raises(PlanError, match="sizing"):
+        plan_memory(model, budget_mb, sizing="guess", **kw)
+
+
 def test_the_process_is_the_larger_of_resident_and_data_with_thread_stacks(model, monkeypatch):
     """The process counted is its resident set, or its data segment plus the stacks of the
     prefill workers still to start, whichever is larger (RSS and RLIMIT_DATA both held).

@@ -26,6 +26,7 @@ from lab_support import make_repo
 
 from sdq.errors import LabError
 from sdq.lab import Outputs, site
+from sdq.lab.verdict import Claim, judge
 
 PARAMS = "smoke"
 TEMPLATE = """# Demo
@@ -137,6 +138,20 @@ def make_lab(root: Path) -> Path:
     chart = alt.Chart(df, title="Bytes per segment").mark_bar().encode(x="part", y="bytes")
     out.chart("bytes", chart, alt="Bars: bytes of the gate, up and down segments")
     out.value("expert_bytes", 1900544)
+    claim = Claim(  # one recorded verdict: the index gets its widest tables
+        "000-§0-parallel-prefetch-on-emulated-seed-ssd",
+        "T4",
+        "+48.0 % decode tok/s (3.73 -> 5.52) with segment-parallel reads and prefetch on",
+        seed=1.48,
+        direction="higher",
+        metric="decode_tok_s",
+        a="serial x8 prefetch on, emulated seed SSD",
+        b="parallel x16 prefetch on, emulated seed SSD",
+        basis="prediction",
+    )
+    pairs = [(4.0, 4.0 * r) for r in (1.30, 1.41, 1.52, 1.38, 1.47, 1.35)]
+    why = "a device model fitted to the seed's §1 table, 8 of 256 experts per layer, 4 layers, "
+    out.verdict(claim, judge(claim, pairs, why=why + "2 compute threads; the seed's 40 layers"))
     (out.dir / "provenance.json").write_text('{"date_utc": "2026-01-02T03:04:05Z"}\n')
     run = out.dir / "runs" / "20260102T030405Z"  # one kept run: the page links runs/
     shutil.copytree(out.dir / "tables", run / "tables")
@@ -248,6 +263,38 @@ def test_smoke_site_shows_pages_charts_notebooks_and_evidence(smoke_site, lab, b
     assert any(link.endswith("/outputs/00_demo/smoke/charts/bytes.png") for link in charts.links)
     assert sorted(p.name for p in (lab / "docs").iterdir()) == ["src"]  # docs/ untouched
     assert [p.name for p in (lab / "site").iterdir()] == [PARAMS]  # no staging left behind
+
+
+# Every table of a page, as laid out: how far it reaches past the page's content column and
+# whether its scroll box has to scroll (what is past the edge is cut off from view).
+OVERFLOW = """
+(() => {
+  const content = document.querySelector(".md-content__inner") || document.body;
+  const edge = content.getBoundingClientRect().right;
+  return [...document.querySelectorAll("table")].map(t => {
+    const box = t.closest(".md-typeset__scrollwrap") || t.parentElement;
+    return {head: t.rows[0].textContent.trim().slice(0, 60),
+            past: Math.round(t.getBoundingClientRect().right - edge),
+            scrolls: box.scrollWidth > box.clientWidth + 1};
+  });
+})()
+"""
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_the_index_tables_fit_the_page_width(smoke_site, browser, width):
+    """The catalogue and the verdict table wrap inside the page: no column is cut off."""
+    browser.set_width(width)
+    try:
+        with serve(smoke_site) as base:
+            browser.load(base + "index.html")
+            tables = browser.evaluate(OVERFLOW)
+    finally:
+        browser.set_width(1400)
+    heads = [t["head"] for t in tables]
+    assert any(h.startswith("id") for h in heads) and any(h.startswith("claim") for h in heads)
+    wide = [t for t in tables if t["past"] > 1 or t["scrolls"]]
+    assert wide == [], f"tables wider than the page at {width} px: {wide}"
 
 
 def test_a_broken_page_fails_the_build_and_keeps_the_previous_site(smoke_site, lab):

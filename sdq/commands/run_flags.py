@@ -56,6 +56,15 @@ RUN_FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         ("--reserve-mb",),
         {"type": finite_float, "help": "RAM kept free inside the budget"},
     ),
+    "sizing": (
+        ("--sizing",),
+        {
+            "choices": ("plan", "seed"),
+            "help": "how the expert arena is sized: plan (default) counts every buffer first; "
+            "seed: seed 000's 'budget - RSS now - reserve', which does not count the KV cache "
+            "and compute buffers (they may then pass the budget: for reproducing that)",
+        },
+    ),
     "max_slots": (
         ("--max-slots",),
         {"type": int, "help": "cap the expert arena at this many slots"},

@@ -5,6 +5,11 @@ the generated outputs/ and docs/ differed from it (dirty), and the git tree ids 
 that decide a notebook's results (`CODE_PATHS`: sdq/ and the notebook itself), so that docs can
 tell whether outputs come from the code at HEAD (`code_changed_since`).
 
+Machine: the CPU (its model name and the vector extensions it reports: avx2, avx512f, ...,
+which decide the kernels llama.cpp and numba compile), the cores, the RAM and the disks that
+hold the model and the outputs; `machine` names it in one line, the key by which docs group
+runs from different machines.
+
 Runs: outputs/<stem>/<params>/ holds the latest run's files at its top level and every run's
 tables, values, verdicts and provenance under runs/<run id>/ (`archive_run`), so that a rerun
 never hides an earlier run's figures; `list_runs` reads them back for the docs.
@@ -122,15 +127,33 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+# /proc/cpuinfo flags that name a vector instruction set (x86: sse*, avx*, fma, f16c, amx*;
+# Arm: asimd*, sve*, neon) — what a kernel built for this CPU may use
+VECTOR_FLAG_PREFIXES = ("sse", "ssse3", "avx", "fma", "f16c", "amx", "asimd", "sve", "neon")
+
+
+def vector_extensions(cpuinfo: str) -> list[str]:
+    """The vector extensions named in the first `flags` (x86) or `Features` (Arm) line of a
+    /proc/cpuinfo text, in the order listed there."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            return [f for f in value.split() if f.lower().startswith(VECTOR_FLAG_PREFIXES)]
+    return []
+
+
 def cpu_info() -> dict[str, Any]:
     import psutil
 
     model = platform.processor() or None
+    extensions: list[str] | None = None
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        text = Path("/proc/cpuinfo").read_text()
+        for line in text.splitlines():
             if line.lower().startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
+        extensions = vector_extensions(text)
     except OSError:
         pass
     try:
@@ -143,6 +166,7 @@ def cpu_info() -> dict[str, Any]:
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "usable_cores": usable,
+        "vector_extensions": extensions,
     }
 
 
@@ -180,18 +204,72 @@ def disk_info(path: Path) -> dict[str, Any]:
         "total_gb": round(usage.total / 1e9, 1),
         "free_gb": round(usage.free / 1e9, 1),
         "rotational": _rotational(best.device) if best else None,
+        "disk_model": _disk_model(best.device) if best else None,
     }
     return info
 
 
-def _rotational(device: str) -> bool | None:
-    """From /sys/block/<disk>/queue/rotational; None when the device is not a block disk."""
+def _block_dir(device: str) -> Path | None:
+    """/sys/block/<disk> of a device or of the disk holding a partition; None if none."""
     name = Path(device).name
     for candidate in (name, name.rstrip("0123456789"), name.split("p")[0]):
-        flag = Path("/sys/block") / candidate / "queue" / "rotational"
-        if candidate and flag.exists():
-            return flag.read_text().strip() == "1"
+        folder = Path("/sys/block") / candidate
+        if candidate and (folder / "queue" / "rotational").exists():
+            return folder
     return None
+
+
+def _rotational(device: str) -> bool | None:
+    """From /sys/block/<disk>/queue/rotational; None when the device is not a block disk."""
+    folder = _block_dir(device)
+    return None if folder is None else (folder / "queue" / "rotational").read_text().strip() == "1"
+
+
+def _disk_model(device: str) -> str | None:
+    """The disk's vendor and model as /sys/block/<disk>/device/ states them (a virtual disk
+    may state none)."""
+    folder = _block_dir(device)
+    if folder is None:
+        return None
+    words = []
+    for name in ("vendor", "model"):
+        try:
+            words.append((folder / "device" / name).read_text().strip())
+        except OSError:
+            continue
+    return " ".join(w for w in words if w) or None
+
+
+def machine(record: dict[str, Any]) -> str:
+    """One line naming the machine of a provenance record: the CPU's model name, its vector
+    extensions and the disk that held the model (else the outputs). Runs with the same line
+    ran on the same kind of machine; a record from before vector extensions were kept says
+    so, and is grouped by its CPU's model name."""
+    cpu = record.get("cpu") or {}
+    extensions = cpu.get("vector_extensions")
+    wide = [e for e in extensions or [] if e.startswith(("avx", "amx", "sve", "asimd", "neon"))]
+    shown = ", ".join(wide or extensions or []) or "none"
+    ext = "vector extensions not recorded" if extensions is None else shown
+    disk = (record.get("model") or {}).get("disk") or record.get("outputs_disk") or {}
+    if disk:
+        rot = {True: "rotational", False: "non-rotational"}.get(disk.get("rotational"), "")
+        kind = ", ".join(x for x in (disk.get("fstype"), rot, disk.get("disk_model")) if x)
+        where = f"disk {disk.get('device') or '?'}" + (f" ({kind})" if kind else "")
+    else:
+        where = "disk not recorded"
+    return f"{cpu.get('model') or 'unknown CPU'} ({ext}); {where}"
+
+
+def same_code(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two provenance records ran the same code: the same git trees of sdq/ and of
+    the notebook (`code_paths`), both recorded. The commit may differ: committing outputs
+    moves HEAD without changing the code."""
+    ta, tb = (r.get("git") or {} for r in (a, b))
+    trees_a, trees_b = ta.get("trees"), tb.get("trees")
+    if not trees_a or not trees_b or a.get("notebook") != b.get("notebook"):
+        return False
+    paths = code_paths(a.get("notebook"))
+    return all(trees_a.get(p) is not None and trees_a.get(p) == trees_b.get(p) for p in paths)
 
 
 def collect(

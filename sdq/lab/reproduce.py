@@ -11,6 +11,11 @@
 3. A failing notebook is reported (which cell, one-line error), its staging folder is kept as
    outputs/<stem>/<params>.failed/ for inspection, the previous outputs stay untouched, and the
    other notebooks still run. The exit status is 1 if any failed.
+4. No silent gaps: after the notebooks ran, every verdict they recorded must rest on data. A
+   claim with no measurement (n = 0: nothing was measured, or every run of it failed) is an
+   error naming the claim and the notebook, and the exit status is 1 — unless its verdict is
+   "not testable here" with the regime that rules it out (`judge_not_testable`). `make
+   reproduce` then stops before it renders docs/.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from sdq import files as atomic
 from sdq.errors import LabError, SdqError
 from sdq.lab import provenance, runner
 from sdq.lab.notebooks import notebook_paths
+from sdq.lab.outputs import VERDICTS_FILE, read_verdicts
 from sdq.lab.params import ModelParams, Params, load_params
 from sdq.lab.paths import repo_root, shown
+from sdq.lab.verdict import NOT_TESTABLE
 
 MAX_EXECUTED_BYTES = 2 * 2**20  # executed notebooks above this are not kept
 
@@ -210,6 +217,31 @@ def _keep_or_drop_executed(path: Path, limit: int | None) -> dict:
     }
 
 
+def is_silent_gap(record: dict) -> bool:
+    """A verdict record with no data behind it: n = 0, and not a "not testable here" that
+    states the regime ruling the claim out."""
+    if record.get("n") != 0:
+        return False
+    return not (record.get("verdict") == NOT_TESTABLE and str(record.get("regime", "")).strip())
+
+
+def silent_gaps(output_dir: Path, root: Path | None = None) -> list[str]:
+    """One line per claim recorded in `output_dir`/verdicts.json with no data (`is_silent_gap`),
+    naming the claim, the notebook and the file; [] when there is none (or no verdicts)."""
+    path = Path(output_dir) / VERDICTS_FILE
+    if not path.is_file():
+        return []
+    where = shown(path, root or repo_root())
+    notebook = Path(output_dir).parent.name
+    return [
+        f"claim {r['claim']} of notebook {notebook} has no data (n = 0, verdict "
+        f"{r.get('verdict')!r}: {r.get('reason', '')}); every run of it failed or none was "
+        f"measured ({where})"
+        for r in read_verdicts(path)
+        if is_silent_gap(r)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sdq.lab.reproduce", description=__doc__.splitlines()[0]
@@ -226,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params(args.params)
         results = run(params, only=args.only)
+        gaps = [line for r in results if r.ok for line in silent_gaps(r.output_dir)]
     except SdqError as exc:
         print(f"reproduce: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -237,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for r in failed:
         print(f"reproduce: error: {r.error}", file=sys.stderr)
-    return 1 if failed else 0
+    for line in gaps:
+        print(f"reproduce: error: {line}", file=sys.stderr)
+    return 1 if failed or gaps else 0
 
 
 if __name__ == "__main__":

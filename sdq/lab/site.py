@@ -13,7 +13,10 @@ as docs/, never from anything else:
    folder outputs/<stem>/<params>/ with an index page in each of its folders.
 3. The pages' links that leave docs/ (`../notebooks/…`, `../outputs/…`) are rewritten to those
    places; a link to anything the site does not hold is an error naming the page and the link.
-4. `mkdocs build --strict` renders the HTML (any broken link or anchor it finds fails the
+4. A small stylesheet (`CSS`) lets wide tables — the index's catalogue and verdicts, ten
+   columns — wrap inside the page instead of running past its edge, where the theme would cut
+   their last columns off behind a scroll bar.
+5. `mkdocs build --strict` renders the HTML (any broken link or anchor it finds fails the
    build) into a staging folder beside site/<params>/, which is renamed into place only when
    the whole build succeeded: a half-written site never replaces the previous one.
 """
@@ -46,6 +49,23 @@ EVIDENCE = "outputs"
 # A Markdown link or image target: [text](target) / ![alt](target); targets hold no spaces.
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 MKDOCS_TIMEOUT_S = 600
+CSS_FILE = "stylesheets/sdq.css"
+# The theme gives every header cell at least 5rem, pads cells by 1.25em and never breaks a link
+# or a path: a ten-column table then runs past the page's edge, its last columns cut off behind
+# a scroll bar. Here cells are padded less and wrap at spaces as before, while code (paths,
+# file names) and the last column (free text: "why it differs", links to evidence) may also
+# break inside a word, so a table fits the page's width; the content column may also use more
+# of a wide window.
+CSS = """\
+.md-grid { max-width: 80rem; }
+.md-typeset table:not([class]) { font-size: .62rem; }
+.md-typeset table:not([class]) th { min-width: 0; }
+.md-typeset table:not([class]) th,
+.md-typeset table:not([class]) td { padding: .6em .7em; overflow-wrap: break-word; }
+.md-typeset table:not([class]) a { overflow-wrap: break-word; }
+.md-typeset table:not([class]) td:last-child,
+.md-typeset table:not([class]) code { overflow-wrap: anywhere; word-break: normal; }
+"""
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,8 @@ def assemble(layout: Layout, pages: Path, source: Path) -> None:
             _copy(layout.root / "notebooks" / f"{stem}.ipynb", source / SOURCES / f"{stem}.ipynb")
     if (pages / "charts").is_dir():
         shutil.copytree(pages / "charts", source / "charts")
+    (source / CSS_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (source / CSS_FILE).write_text(CSS, encoding="utf-8")
     resolve = site_resolver(source)
     for page in sorted(pages.glob("*.md")):
         text = rewrite_links(page.read_text(encoding="utf-8"), page.name, resolve)
@@ -214,6 +236,7 @@ def write_config(layout: Layout, source: Path, html: Path, path: Path) -> Path:
                 }
             },
         ],
+        "extra_css": [CSS_FILE],
         "markdown_extensions": ["tables", {"toc": {"permalink": True}}],
         "nav": nav,
         "not_in_nav": f"/{EVIDENCE}/\n/{SOURCES}/\n",

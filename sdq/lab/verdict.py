@@ -459,7 +459,9 @@ def _judge(
     fields = dict(why=why, confidence=conf, ceiling=ceiling, regime=regime)
 
     def verdict(word, reason, inside=None, needed=None):
-        return Verdict(claim.id, word, n, estimate, low, high, inside, needed, reason, data, **fields)
+        return Verdict(
+            claim.id, word, n, estimate, low, high, inside, needed, reason, data, **fields
+        )
 
     if ceiling is not None:
         cap = math.log(ceiling)  # aligned: the largest effect on the seed's side
@@ -470,11 +472,13 @@ def _judge(
                 "so the seed's 'no difference' holds trivially",
             )
         if not equal and cap < s - d:
-            t_cap, t_seed = distinct_numbers(ceiling, claim.seed)
+            shown_cap = ceiling if claim.direction == "higher" else 1 / ceiling
+            t_cap, t_seed = distinct_numbers(shown_cap, claim.seed)
+            bound = "at most" if claim.direction == "higher" else "at least"
             return verdict(
                 NOT_TESTABLE,
-                f"{regime}: at most {t_cap}× here, below the seed's {t_seed}× less its "
-                f"{claim.margin:.0%} margin",
+                f"{regime}: {bound} {t_cap}× here, short of the seed's {t_seed}× by more than "
+                f"its {claim.margin:.0%} margin",
             )
     if lo_log is None:
         return verdict(
@@ -497,8 +501,7 @@ def _judge(
         needed = _n_needed(n, m, lo, hi, [d, -d])
         return verdict(
             INCONCLUSIVE,
-            f"{shown} straddles the edge of {none} {band}; about {needed} {unit}s would "
-            "settle it",
+            f"{shown} straddles the edge of {none} {band}; about {needed} {unit}s would settle it",
             seed_overlap,
             needed,
         )

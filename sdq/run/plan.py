@@ -24,6 +24,15 @@ grew after sizing the arena is what crashed the 8 GB machine):
   reserve       head room for what is not modelled; seed default 900. The terms above are meant
                 to make any reserve, 0 included, safe: a run either fits or is refused.
 
+Sizing "seed" (`sdq chat --sizing seed`, for notebook 04) is seed 000's arithmetic instead, for
+reproducing what it did: slots = floor((budget - resident set now - dense - reserve) / per slot).
+It counts the process's resident set as it is when sizing and the dense weights (loaded before
+sizing in the seed) and nothing that grows after: not the KV cache, the compute buffers, the
+transient arrays, the pager's stacks or the data segment's excess over the resident set, which
+are allocated after the arena is sized in the seed (000 §5.1: "the compute buffer ... is
+allocated after the pager sizes the arena, so it is not counted"). Its reserve is the seed's:
+the only insurance for all of that. A run sized so may pass its budget: that is what it shows.
+
 The runtime is started before the process is measured (`start_runtime`), so what it would
 otherwise add after the arena is sized is already in "process": the kernels are loaded from
 Numba's on-disk cache (LLVM's code and data: ~20-35 MB), Numba's thread pool is started at the
@@ -77,6 +86,7 @@ SLOT_META_BYTES = 512  # Python bookkeeping per slot (dict entry, LRU node, key 
 RUN_OBJECTS_BYTES = 6 * MIB
 THREAD_EXTRA_BYTES = 64 * 1024  # a new thread's own allocations beside its stack (16 KiB seen)
 DEFAULT_RESERVE_MB = 900
+SIZINGS = ("plan", "seed")  # sdq's plan; seed 000's "budget - RSS now - reserve" (see above)
 M_ARENA_MAX = -8  # mallopt parameter (glibc malloc.h)
 
 
@@ -294,6 +304,7 @@ class MemoryPlan:
     n_moe_layers: int
     compute_threads: int = 1
     thread_stack_bytes: int = 0  # one new thread's stack
+    sizing: str = "plan"  # SIZINGS: "seed" counts only the resident set, dense and reserve
 
     @property
     def slot_split(self) -> SlotSplit:
@@ -319,7 +330,9 @@ class MemoryPlan:
 
     @property
     def fixed_bytes(self) -> int:
-        """Everything but the arena."""
+        """Everything but the arena (sizing "seed": what the seed's arithmetic counts)."""
+        if self.sizing == "seed":
+            return self.rss_bytes + self.dense_bytes + self.reserve_bytes
         return (
             self.process_bytes
             + self.dense_bytes
@@ -425,9 +438,10 @@ def plan_memory(
     io_threads: int = 8,
     compute_threads: int = 1,
     cache: CacheSettings | None = None,
+    sizing: str = "plan",
 ) -> MemoryPlan:
     """Plans the arena for `model` under `ram_budget_mb`, for the expert cache's settings
-    `cache` (default CacheSettings()).
+    `cache` (default CacheSettings()); `sizing` "seed": seed 000's arithmetic (module doc).
 
     rss_now: the process as measured elsewhere (a ProcessSize, or bytes taken as both its
     resident set and its data segment); None (a real run): start the runtime (`start_runtime`)
@@ -437,6 +451,8 @@ def plan_memory(
     """
     from sdq.run.workspace import workspace_bytes
 
+    if sizing not in SIZINGS:
+        raise PlanError(f"sizing {sizing!r} is not one of {SIZINGS}")
     cache = cache or CacheSettings()
     table = expert_table(model)
     spec = model.spec
@@ -480,6 +496,7 @@ def plan_memory(
         n_moe_layers=len(table.layers),
         compute_threads=int(compute_threads),
         thread_stack_bytes=stack,
+        sizing=sizing,
     )
     left = budget - base.fixed_bytes
     slots = min(max(left // base.per_slot_bytes, 0), useful_slots(table, K, cache.prefetch_slots))

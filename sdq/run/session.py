@@ -84,6 +84,7 @@ def plan_paged(model, settings: RunSettings) -> PagedSetup:
         io_threads=io_threads,
         compute_threads=s.threads,
         cache=cache,
+        sizing=s.sizing,
         **kw,
     )
     if s.max_slots is not None and plan.slots > s.max_slots:
@@ -149,6 +150,7 @@ class Session:
             weights = load_weights(model)
             experts = ExpertCache(model, self.plan, io=setup.io, settings=setup.cache)
         self.experts = experts
+        self.workspace_grown = dict(ws.grown)  # bytes the data segment grew, KV and compute
         self.engine = make_engine(model, experts, ws, s.n_ctx, s.n_ubatch, weights=weights)
         self.engine.prefetch_next = self.prefetch_next
         self.engine.prefetch_depth = self.prefetch_depth
@@ -185,6 +187,11 @@ class Session:
         fig["expert_file"] = "gguf" if pack is None else "pack"
         fig["io_mode"] = self.settings.io_mode
         fig["expert_cache"] = dict(getattr(self.experts, "stats", {}) or {})
+        # measured: how far allocating the KV cache and the ubatch compute buffers grew the
+        # data segment (sdq.run.workspace.Workspace.grown), MiB; None without /proc
+        grown = getattr(self, "workspace_grown", {})
+        for name in ("kv", "compute"):
+            fig[f"{name}_data_mb"] = grown[name] / MIB if name in grown else None
         return fig
 
     def settings_dict(self) -> dict:

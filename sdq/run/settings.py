@@ -29,6 +29,9 @@ class RunSettings:
     resident: bool = False  # every expert copied into RAM; no plan, no pager
     ram_budget_mb: float | None = None  # MiB; None: memory available now
     reserve_mb: float | None = None  # MiB; None: the plan's default
+    # sdq.run.plan.SIZINGS: "plan" counts every buffer first; "seed" is seed 000's "budget -
+    # RSS now - reserve" (notebook 04 reproduces what it did)
+    sizing: str = "plan"
     max_slots: int | None = None  # cap the arena below what the budget allows
     io_threads: int | None = None  # None: 3 x threads
     io_mode: str = "parallel"  # sdq.paging.reads.MODES

@@ -17,7 +17,7 @@ Dh head dim, E experts, K experts used, F expert FFN size, V vocabulary, W compu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -151,14 +151,35 @@ def workspace_bytes(spec, n_ctx: int, n_ubatch: int, workers: int = 1) -> dict[s
 
 @dataclass
 class Workspace:
-    """The allocated buffers; attribute access by name (ws.x, ws.k_cache, ...)."""
+    """The allocated buffers; attribute access by name (ws.x, ws.k_cache, ...).
+
+    `grown` (from `allocate`): how far allocating them grew the process's data segment
+    (VmData, what RLIMIT_DATA counts), measured from /proc/self/status before and after each
+    group, in bytes: "kv" the KV cache (buffers named *cache, allocated first), "compute" the
+    ubatch compute buffers; empty where /proc is not there. A measurement, not the layout's
+    sum: malloc may place a buffer in heap it already holds, or round it up.
+    """
 
     buffers: dict[str, np.ndarray]
+    grown: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def allocate(cls, spec, n_ctx: int, n_ubatch: int, workers: int = 1) -> Workspace:
         layout = workspace_layout(spec, n_ctx, n_ubatch, workers)
-        return cls({name: np.zeros(shape, dtype) for name, (shape, dtype) in layout.items()})
+        groups = {
+            "kv": [n for n in layout if n.endswith("cache")],
+            "compute": [n for n in layout if not n.endswith("cache")],
+        }
+        buffers, grown = {}, {}
+        for group, names in groups.items():
+            before = _data_segment()
+            for name in names:
+                shape, dtype = layout[name]
+                buffers[name] = np.zeros(shape, dtype)
+            after = _data_segment()
+            if before is not None and after is not None:
+                grown[group] = after - before
+        return cls({name: buffers[name] for name in layout}, grown)
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:
@@ -169,3 +190,11 @@ class Workspace:
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers.values())
+
+
+def _data_segment() -> int | None:
+    """VmData of this process in bytes; None without /proc."""
+    from sdq.proc import proc_status_kib
+
+    kib = proc_status_kib("/proc/self/status", ("VmData",))
+    return kib["VmData"] * 1024 if "VmData" in kib else None

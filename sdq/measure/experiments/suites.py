@@ -13,8 +13,8 @@
     profile     T11  `sdq chat --profile`: ms per token per op category, serial and parallel
     memory      T9   ubatch sweep under a RAM limit, plan-based vs the seed's sizing (000 §5.1)
     reserve     T10  the seed's three reserves at a fixed budget: slots, peak RSS vs budget,
-                     tok/s (000 §5.2, §6), and the seed's sizing at reserve 0 and at the
-                     reserve that just fits
+                     tok/s (000 §5.2, §6), and the seed's sizing at its 700 and 900 MB
+                     reserves, scaled (000 §5.2's overshoot)
     budgets     T10  the plan's sizing at budgets from the plan's minimum to the model file's
                      size, each run in a cgroup capped at its budget (does the budget hold?)
 Notebook 04 also runs, through `run_sweep`, the paired runs its verdicts need:
@@ -39,19 +39,26 @@ once per model by a calibration run).
 The seed's sizing (000 §5): the arena was "budget - RSS now - reserve", taken before the KV cache
 and the compute buffer existed, which then grew past the budget. sdq's plan counts both first,
 and the transient arrays, the pager's stacks and the data segment besides (sdq.run.plan). The
-seed's sizing with reserve R is the plan with reserve R - (what the seed's arithmetic leaves out:
-KV + compute + transient + pager, and the plan's process figure less the resident set), so the
-memory and reserve suites run it through `sdq chat --reserve-mb` with that value: no special
-engine mode is needed to reproduce it (`Sizing.plan_reserve_mb`).
+memory and reserve suites run the seed's arithmetic itself: `sdq chat --sizing seed
+--reserve-mb R` sizes the arena as budget - RSS at sizing time - dense - R (sdq.run.plan,
+sizing "seed"), so the run measures its own RSS at sizing time, as the seed's did.
 
-T9's reserve is the one the seed's sizing needs at `fit_ubatch` (128: the seed's ubatch that ran)
-under RLIMIT_DATA, by the plan's own count (`Sizing.data_fit_mb`): with it the seed's sizing has
-room for that ubatch's buffers and not for a larger one's, as in the seed's table; the plan's
-sizing gets the same reserve as head room, and T9's budget is the one at which the plan leaves
-`arena_fraction` of the experts as slots at the largest ubatch. T10's reserves are the seed's
-three (700, 900, 1150 MB) turned into this model's slots: reserve 0 leaves 2039/1936 x S slots,
-the other two S and 1808/1936 x S, S being `operating_fraction` of the experts (where the hit
-rate is ~70 %, the seed's operating point).
+The seed's reserve, scaled to this model (`SuiteBuilder.seed_reserve_mb`): a reserve is there to
+hold what the arithmetic leaves out, so it is scaled by that. At ubatch 128 the seed's left out
+739 MB (000 §5.2: its 700 MB reserve plus the 39 MB its peak RSS passed the 8192 MB budget by,
+`SEED_LEFT_OUT_MB`); here it leaves out U = KV cache + compute buffers + transient arrays + the
+pager's stacks (+ the plan's process figure less the resident set) at `fit_ubatch` (128, the
+seed's), by the plan's count (`Sizing.left_out_mb`). The seed's reserve R_s becomes
+R_s x U / 739: 700 MB -> 0.947 U (5 % short, as the seed's was), 900 -> 1.218 U, 1150 -> 1.556 U.
+
+T9's reserve is the seed's 700 MB so scaled (the reserve of the seed's §5.1 runs, its default
+then): by the plan's count it holds the buffers of ubatch 128 in the data segment and not those
+of 256 (`Sizing.data_fit_mb`), as in the seed's table; the plan's sizing gets the same reserve as
+head room, and T9's budget is the one at which the plan leaves `arena_fraction` of the experts
+as slots at the largest ubatch. T10's arms are the seed's three reserves turned into this
+model's slots with the plan's sizing: reserve 0 leaves 2039/1936 x S slots, the other two S and
+1808/1936 x S, S being `operating_fraction` of the experts (where the hit rate is ~70 %, the
+seed's operating point); beside them the seed's sizing at the 700 and 900 MB reserves, scaled.
 """
 
 from __future__ import annotations
@@ -87,6 +94,9 @@ PAGE_CACHE = ("cold", "warm")  # the split suite's page-cache conditions (see th
 SIZINGS = ("plan", "seed")
 # seed 000 §5.2: arena slots at reserve 700, 900 and 1150 MB under the 8 GB budget
 SEED_RESERVE_SLOTS = ((700, 2039), (900, 1936), (1150, 1808))
+# seed 000 §5.2: what "budget - RSS now - reserve" left out at ubatch 128, in peak RSS (MB): the
+# 700 MB reserve plus the 39 MB the peak (8231 MB) passed the 8192 MB budget by
+SEED_LEFT_OUT_MB = 700.0 + (8231 - 8192)
 # the I/O modes the profile suite compares: split needs a piece count and has its own suite
 PROFILE_IO_MODES = ("serial", "parallel")
 DEFAULT_PROMPT = "Explain in three sentences how SSD, RAM and CPU caches form a memory hierarchy."
@@ -168,7 +178,7 @@ class Settings:
     sizings: tuple[str, ...] = SIZINGS
     memory_ctx: int = 4096  # context of memory and reserve runs (the seed's)
     ubatches: tuple[int, ...] = (128, 256, 512)
-    fit_ubatch: int = 128  # T9's reserve: what the seed's sizing needs at this ubatch
+    fit_ubatch: int = 128  # the seed's ubatch that ran: its reserve is scaled to this model here
     pair_ubatches: tuple[int, ...] = (128, 512)  # prefill A/B (ubatch_pairs)
     long_prompt_repeat: int = 24  # the memory suite's prompt: `prompt` this many times
     memory_n_predict: int = 4
@@ -419,10 +429,6 @@ class Sizing:
             + self.thread_mb
             - self.rss_mb
         )
-
-    def plan_reserve_mb(self, sizing: str, reserve_mb: float) -> float:
-        """`sdq chat --reserve-mb` for `sizing` with the seed's reserve `reserve_mb`."""
-        return reserve_mb if sizing == "plan" else reserve_mb - self.left_out_mb
 
 
 def target_slots(cal: Calibration, s: Settings) -> int:
@@ -688,9 +694,15 @@ class SuiteBuilder:
         )
         return Sizing.of(plan)
 
+    def seed_reserve_mb(self, seed_mb: float) -> float:
+        """The seed's reserve `seed_mb` (MB at its 8192 MB budget) scaled to this model: by what
+        the seed's arithmetic leaves out here at `fit_ubatch` over what it left out there
+        (SEED_LEFT_OUT_MB; module doc)."""
+        return seed_mb * self.sizing(self.s.fit_ubatch).left_out_mb / SEED_LEFT_OUT_MB
+
     def t9_reserve_mb(self) -> float:
-        """T9's reserve: what the seed's sizing needs at `fit_ubatch` under RLIMIT_DATA."""
-        return max(self.sizing(self.s.fit_ubatch).data_fit_mb, 0.0)
+        """T9's reserve: the seed's 700 MB (its §5.1 runs' reserve), scaled."""
+        return self.seed_reserve_mb(700.0)
 
     def memory_budget_mb(self) -> float:
         """T9's budget: the plan's sizing at T9's largest ubatch, with T9's reserve, leaves
@@ -734,10 +746,12 @@ class SuiteBuilder:
         common[common.index("-c") + 1] = str(s.memory_ctx)
         args = common + [
             f"--ram-budget-mb={budget:.3f}",
-            f"--reserve-mb={terms.plan_reserve_mb(sizing, reserve_mb):.3f}",
+            f"--reserve-mb={reserve_mb:.3f}",
             "--cache-mode",
             s.cache_mode,
         ]
+        if sizing == "seed":  # the seed's "budget - RSS now - reserve" (sdq.run.plan)
+            args += ["--sizing", "seed"]
         limit = MemoryLimit.mb(method, budget if method != "none" else None)
         return RunConfig(
             suite,
@@ -787,13 +801,12 @@ class SuiteBuilder:
         )
 
     def memory_need(self) -> list[RunConfig]:
-        """000 §5.1: the seed's sizing at T9's largest ubatch where nothing caps the data
-        segment, so that it shows what RLIMIT_DATA refused: T9's own cgroup run when T9 has
-        one (a cgroup counts resident pages only), else with no limit."""
+        """000 §5.1: the seed's sizing at T9's largest ubatch with no limit, so that the run
+        finishes and its largest data segment is the whole of what RLIMIT_DATA refused (a
+        cgroup could kill it on the way, counting resident pages only)."""
         budget, reserve = self.memory_budget_mb(), self.t9_reserve_mb()
         ub = max(u for u in self.s.ubatches if u <= self.s.memory_ctx)
-        method = "cgroup" if "cgroup" in self.s.limits else "none"
-        return [self._t9_config("memory", "seed", ub, method, budget, reserve)]
+        return [self._t9_config("memory", "seed", ub, "none", budget, reserve)]
 
     def ubatch_pairs(self) -> list[RunConfig]:
         """000 §5.1: prefill with the plan's sizing at two ubatches, T9's budget, first limit."""
@@ -829,29 +842,28 @@ class SuiteBuilder:
         ]
 
     def seed_reserve_rows(self) -> list[RunConfig]:
-        """T10's seed rows: the seed's sizing at reserve 0 (under the reserve limit and under a
-        cgroup) and at the reserve it needs at the default ubatch (data_fit_mb; none when the
-        process's resident pages already cover that)."""
+        """000 §5.2's overshoot: the seed's sizing at its 700 and 900 MB reserves, scaled
+        (`seed_reserve_mb`), at T10's budget under the reserve limit (the seed's RLIMIT_DATA)."""
         s = self.s
         budget = self.reserve_budget_mb()
-        fit = self.sizing(s.ubatch).data_fit_mb
-        rows = [(0.0, s.reserve_limit)] + ([(fit, s.reserve_limit)] if fit > 0 else [])
-        if "cgroup" in s.limits and s.reserve_limit != "cgroup":
-            rows.append((0.0, "cgroup"))
-        return [
-            self._memory_config(
-                "reserve",
-                f"seed r{r:.1f} {method}",
-                "seed",
-                s.ubatch,
-                r,
-                budget,
-                None,
-                None,
-                method,
+        out = []
+        for seed_mb in (700, 900):
+            r = self.seed_reserve_mb(seed_mb)
+            out.append(
+                self._memory_config(
+                    "reserve",
+                    f"seed r{r:.1f} ({seed_mb} MB) {s.reserve_limit}",
+                    "seed",
+                    s.ubatch,
+                    r,
+                    budget,
+                    None,
+                    None,
+                    s.reserve_limit,
+                    (("seed_reserve_mb", seed_mb),),
+                )
             )
-            for r, method in rows
-        ]
+        return out
 
     def budget_points(self, reserve_mb: float) -> list[float]:
         """The budgets (MiB) of the budget sweep at one reserve: `budget_steps` of them, evenly
@@ -904,5 +916,5 @@ class SuiteBuilder:
         return out
 
     def reserve(self) -> list[RunConfig]:
-        """T10: the three arms, then the seed's sizing at reserve 0 and at the one that fits."""
+        """T10: the three arms, then the seed's sizing at its 700 and 900 MB reserves, scaled."""
         return self.arena_arms() + self.seed_reserve_rows()
