@@ -1,9 +1,13 @@
 /*
- * fault_pread — a test-only pread that fails on purpose, for the read pool's fault tests.
+ * fault_pread — a test-only pread and preadv that fail on purpose, for the read pool's fault
+ * tests.
  *
  * Never part of sdq._io: the tests build it as a shared library and load it with LD_PRELOAD
- * (or link it into the C driver), where its pread and pread64 stand in for libc's and pass
- * every call through to them unless a rule matches. Without it the pool pays nothing.
+ * (or link it into the C driver), where its pread, pread64, preadv and preadv64 stand in for
+ * libc's and pass every call through to them unless a rule matches. Every read call the pool
+ * makes is one of these, so every read path (one read, a chunk, a merged run) meets the same
+ * faults. A preadv is matched on its whole range [offset, offset + sum of the iov lengths).
+ * Without it the pool pays nothing.
  *
  * Rules come from $SDQ_FAULTS at load time or from sdq_faults_set(spec) at any time (ctypes);
  * spec is rules separated by ';', each KIND[:key=value,...]:
@@ -11,7 +15,8 @@
  *   eio       fail with EIO
  *   eintr     fail with EINTR (the caller is expected to retry)
  *   partial   read only half of what was asked (the caller is expected to continue)
- *   short     read half of what was asked, then report end of file on the next call
+ *   short     read half of what was asked, then report end of file on the next call at the
+ *             offset where it stopped
  *   stall     sleep `ms` milliseconds, then read normally
  *   closefd   close the descriptor, then read (EBADF)
  *
@@ -35,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,6 +63,7 @@ static int n_rules;
 static int64_t fired_total;
 
 typedef ssize_t (*pread_fn)(int, void *, size_t, off_t);
+typedef ssize_t (*preadv_fn)(int, const struct iovec *, int, off_t);
 
 static int parse_rule(char *text, rule *r) {
     memset(r, 0, sizeof *r);
@@ -123,10 +130,13 @@ int64_t sdq_faults_fired(void) {
 }
 
 static pread_fn real_pread, real_pread64;
+static preadv_fn real_preadv, real_preadv64;
 
 __attribute__((constructor)) static void load_rules(void) {
     real_pread = (pread_fn)dlsym(RTLD_NEXT, "pread");
     real_pread64 = (pread_fn)dlsym(RTLD_NEXT, "pread64");
+    real_preadv = (preadv_fn)dlsym(RTLD_NEXT, "preadv");
+    real_preadv64 = (preadv_fn)dlsym(RTLD_NEXT, "preadv64");
     const char *spec = getenv("SDQ_FAULTS");
     if (spec && sdq_faults_set(spec) != 0) fprintf(stderr, "fault_pread: bad SDQ_FAULTS\n");
 }
@@ -191,4 +201,51 @@ ssize_t pread(int fd, void *buf, size_t count, off_t offset) {
 
 ssize_t pread64(int fd, void *buf, size_t count, off_t offset) {
     return faulty(real_pread64, fd, buf, count, offset);
+}
+
+#define MAX_IOV 1024
+
+/* The first iovs of iov[n] that hold `want` bytes, the last one cut short: -> their count. */
+static int first_bytes(const struct iovec *iov, int n, size_t want, struct iovec *out) {
+    int k = 0;
+    for (; k < n && k < MAX_IOV && want > 0; k++) {
+        out[k] = iov[k];
+        if (out[k].iov_len > want) out[k].iov_len = want;
+        want -= out[k].iov_len;
+    }
+    return k;
+}
+
+static ssize_t faulty_v(preadv_fn real, int fd, const struct iovec *iov, int n, off_t offset) {
+    size_t count = 0;
+    for (int i = 0; i < n; i++) count += iov[i].iov_len;
+    int kind = 0;
+    int64_t ms = 0;
+    if (match(fd, count, offset, &kind, &ms) < 0) return real(fd, iov, n, offset);
+    switch (kind) {
+    case -1: return 0;
+    case EIO_: errno = EIO; return -1;
+    case EINTR_: errno = EINTR; return -1;
+    case PARTIAL:
+    case SHORT_: {
+        struct iovec half[MAX_IOV];
+        int k = first_bytes(iov, n, count > 1 ? count / 2 : count, half);
+        return real(fd, half, k, offset);
+    }
+    case STALL: {
+        struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        return real(fd, iov, n, offset);
+    }
+    default: close(fd); return real(fd, iov, n, offset);
+    }
+}
+
+ssize_t preadv(int fd, const struct iovec *iov, int n, off_t offset) {
+    return faulty_v(real_preadv, fd, iov, n, offset);
+}
+
+ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t offset) {
+    return faulty_v(real_preadv64, fd, iov, n, offset);
 }

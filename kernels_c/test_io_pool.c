@@ -5,7 +5,8 @@
  * layouts, dontneed, resizing while work is queued, every failure kind, closing a pool with
  * queued tasks — and checks the bytes. Exit status 0 when every check passed.
  * Linked with fault_pread.c it also injects faults (EINTR, partial and short reads, EIO, stalls,
- * a descriptor closed underneath) and checks bounded waits and a deterministic cancellation.
+ * a descriptor closed underneath) into pread and preadv, on single and merged reads, and checks
+ * bounded waits and a deterministic cancellation.
  * Usage: test_io_pool SCRATCH_FILE
  */
 #include <errno.h>
@@ -90,6 +91,78 @@ static sdq_batch *one_read(sdq_pool *pool, int fd, int64_t offset, int64_t len, 
     sdq_batch_set_task(b, 0, 0, 1, 0);
     CHECK(sdq_pool_submit(pool, b) == 0);
     return b;
+}
+
+/* Three reads of 5000 bytes that continue each other from `offset`, one FLAG_MERGE task (one
+ * preadv), under fault rule `spec`, on `pool`. */
+static sdq_batch *merged_reads(sdq_pool *pool, int fd, int64_t offset, char *dest,
+                               const char *spec) {
+    CHECK(sdq_faults_set(spec) == 0);
+    sdq_batch *b = sdq_batch_new(3, 1, 1, SDQ_FLAG_MERGE);
+    for (int k = 0; k < 3; k++)
+        b->reads[k] = (sdq_read){.fd = fd, .offset = offset + k * 5000, .length = 5000,
+                                 .need = 5000, .dest = dest + (2 - k) * 5000};
+    sdq_batch_set_task(b, 0, 0, 3, 0);
+    CHECK(sdq_merge_run(b->reads, 3) == 3);
+    CHECK(sdq_pool_submit(pool, b) == 0);
+    sdq_batch_wait_all(b);
+    return b;
+}
+
+/* The merged path (one preadv for a run of reads) under every fault: a preadv that fails or
+ * comes back short leaves each read to finish, or fail, on its own with pread; no read is
+ * reported complete with bytes missing. */
+static void merged_fault_checks(const char *path, char *dest) {
+    int fd = open(path, O_RDONLY);
+    sdq_pool *pool;
+    CHECK(sdq_pool_create(&pool, 2) == 0);
+    /* recovered: EINTR retried, a partial preadv (7,500 of 15,000 bytes: read 1 half done,
+     * read 2 not begun) continued, one EIO retried read by read */
+    const char *recover[] = {"eintr:times=5", "partial:times=3", "eio"};
+    const int64_t fired[] = {5, 3, 1};
+    for (int i = 0; i < 3; i++) {
+        sdq_batch *b = merged_reads(pool, fd, 1000, dest, recover[i]);
+        for (int k = 0; k < 3; k++) CHECK(read_is_right(&b->reads[k]));
+        CHECK(sdq_faults_fired() == fired[i]);
+        sdq_batch_free(b);
+    }
+    /* the first preadv partial, then every call on that fd partial: still complete */
+    sdq_batch *b = merged_reads(pool, fd, 1000, dest, "partial:times=0");
+    for (int k = 0; k < 3; k++) CHECK(read_is_right(&b->reads[k]));
+    sdq_batch_free(b);
+    /* failures, recorded on every read of the run */
+    const char *fail[] = {"eio:times=0", "eintr:times=0"};
+    const int err[] = {EIO, EINTR};
+    for (int i = 0; i < 2; i++) {
+        b = merged_reads(pool, fd, 1000, dest, fail[i]);
+        for (int k = 0; k < 3; k++)
+            CHECK(b->reads[k].kind == SDQ_ERRNO && b->reads[k].err == err[i]);
+        sdq_batch_free(b);
+    }
+    /* a short preadv (end of file where it stopped, mid read 1): read 0 whole, read 1 short,
+     * read 2 read on its own */
+    b = merged_reads(pool, fd, 1000, dest, "short");
+    CHECK(read_is_right(&b->reads[0]));
+    CHECK(b->reads[1].kind == SDQ_SHORT && b->reads[1].done == 2500);
+    CHECK(read_is_right(&b->reads[2]));
+    sdq_batch_free(b);
+    /* a fault only in the run's last read: the preadv (whose range holds it) and then that
+     * read fail, the others are whole */
+    b = merged_reads(pool, fd, 1000, dest, "eio:at=11000,times=0");
+    CHECK(read_is_right(&b->reads[0]) && read_is_right(&b->reads[1]));
+    CHECK(b->reads[2].kind == SDQ_ERRNO && b->reads[2].err == EIO);
+    sdq_batch_free(b);
+    int fd2 = open(path, O_RDONLY);
+    b = merged_reads(pool, fd2, 1000, dest, "closefd");
+    for (int k = 0; k < 3; k++) CHECK(b->reads[k].kind == SDQ_ERRNO && b->reads[k].err == EBADF);
+    sdq_batch_free(b);
+    /* a stalled preadv completes */
+    b = merged_reads(pool, fd, 1000, dest, "stall:ms=50");
+    for (int k = 0; k < 3; k++) CHECK(read_is_right(&b->reads[k]));
+    sdq_batch_free(b);
+    sdq_pool_destroy(pool);
+    sdq_faults_set("");
+    close(fd);
 }
 
 static void fault_checks(const char *path, char *dest) {
@@ -298,7 +371,10 @@ int main(int argc, char **argv) {
     check_complete_or_canceled(bq);
     sdq_batch_free(bq);
 
-    if (sdq_faults_set) fault_checks(argv[1], dest);
+    if (sdq_faults_set) {
+        fault_checks(argv[1], dest);
+        merged_fault_checks(argv[1], dest);
+    }
 
     free(dest);
     close(fd);

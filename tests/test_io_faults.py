@@ -164,6 +164,105 @@ def scenario_reader(tmp: str) -> None:
     arena.close()
 
 
+def merged_faults(f, reader, arena, row: int, experts, target: int, off: int, n: int, where):
+    """Mode merged: `experts` [3] whose reads continue each other in the file, so each of their
+    parts is one preadv; faults at `off` (the target expert's part of `n` bytes, `where` its
+    name in an error). The preadv is half done or fails, and each read must then finish, or
+    fail, on its own: every served expert holds the file's bytes."""
+    addrs = [arena.address(k) for k in range(len(experts))]
+    k_bad = experts.index(target)
+
+    def submit(spec: str):
+        f.set(spec)
+        arena.buf[:] = 0
+        batch, _ = reader.submit(row, experts, addrs, arena)
+        return batch
+
+    failures = [
+        (f"eio:at={off},times=0", f"I/O error {where}: Input/output error"),
+        (f"eintr:at={off},times=0", f"I/O error {where}: Interrupted system call"),
+        # the preadv stops at half its range, in the target's read: end of file from there
+        (f"short:at={off}", f"short read {where}, got {n // 2} bytes"),
+    ]
+    for spec, message in failures:
+        batch = submit(spec)
+        try:
+            batch.wait(k_bad)
+            raise AssertionError(f"{spec}: no error")
+        except ReadError as exc:
+            one_line(exc, Path(reader.path).name, message)
+        assert f.fired() >= 1, spec
+    recovered = [
+        (f"eio:at={off}", 1),  # the preadv fails once; the reads retry one by one
+        (f"eintr:at={off},times=5", 5),
+        # the preadv stops at half its range, in the middle of the target's read, which the
+        # pool must complete with pread
+        (f"partial:at={off}", 1),
+    ]
+    for spec, fired in recovered:
+        batch = submit(spec)
+        batch.wait_all()
+        assert f.fired() == fired, (spec, f.fired())
+        yield
+    f.set("")
+
+
+def scenario_merged(tmp: str) -> None:
+    """The merged read path (one preadv per run of neighbouring reads), in the GGUF's layout
+    and in a pack, under every fault: errors name the expert whose read failed; a run the
+    preadv left half done is completed read by read with the file's bytes."""
+    from gguf_builders import Layout, Q, write_model
+
+    from sdq.format.model import open_model
+    from sdq.paging.pack import open_pack, write_pack
+
+    f = faults()
+    lay = Layout(n_layer=2, n_expert=8, n_used=2, expert_qtypes=(Q.Q8_0, Q.F16, Q.Q8_0))
+    path, _ = write_model(Path(tmp) / "m.gguf", lay)
+    model = open_model(path)
+    t = model.require_experts()
+    data = path.read_bytes()
+    row, experts, target = 1, [3, 4, 5], 4
+    layer = t.layers[row]
+
+    def check_bytes(table, layout, arena):
+        """Each part of each expert in its slot, read through `table`, equals the GGUF's."""
+        for k, e in enumerate(experts):
+            for p in range(3):
+                a, n = int(t.offsets[row, e, p]), int(t.nbytes[row, e, p])
+                v = layout.view_offset(int(table.offsets[row, e, p]), p, row)
+                assert arena.slot(k)[v : v + n].tobytes() == data[a : a + n], (e, p)
+
+    # the GGUF's layout: expert e's up continues expert e-1's up
+    layout = SlotLayout.for_table(t, "pagecache")
+    reader = ExpertReader(path, t, layout, IOSettings(threads=3, mode="merged"))
+    arena = Arena(3, layout.slot_bytes)
+    reads, _ = reader.plan(row, experts, [arena.address(k) for k in range(3)])
+    assert len(set(reads[:, 5].tolist())) == 3, reads  # 9 reads, 3 preadvs: one per part
+    off, n = int(t.offsets[row, target, 1]), int(t.nbytes[row, target, 1])
+    where = f"reading layer {layer} expert {target} up at offset {off} length {n}"
+    for _ in merged_faults(f, reader, arena, row, experts, target, off, n, where):
+        check_bytes(t, layout, arena)
+    reader.close()
+    arena.close()
+    # a pack whose order puts experts 3, 4, 5 next to each other: one preadv for the three
+    out = Path(tmp) / "m.sdqpack"
+    write_pack(model, out)
+    pack = open_pack(model, out)
+    layout = SlotLayout.for_pack(pack, "pagecache")
+    reader = ExpertReader(pack.path, pack.table, layout, IOSettings(threads=3, mode="merged"))
+    arena = Arena(3, layout.slot_bytes)
+    reads, _ = reader.plan(row, experts, [arena.address(k) for k in range(3)])
+    assert len(set(reads[:, 5].tolist())) == 1, reads  # 3 records, one preadv
+    off = int(pack.table.offsets[row, target, 0])
+    n = int(pack.record_bytes[row])
+    where = f"reading layer {layer} expert {target} record at offset {off} length {n}"
+    for _ in merged_faults(f, reader, arena, row, experts, target, off, n, where):
+        check_bytes(pack.table, layout, arena)
+    reader.close()
+    arena.close()
+
+
 def scenario_stall(tmp: str) -> None:
     """A read that hangs: the wait gives up after the timeout with a one-line error, close()
     returns, and the process exits while the read still sleeps (the parent times it)."""
@@ -348,7 +447,7 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize(
-    "scenario", ["reader", "failed_wait", "failed_prefetch", "inflight_hit", "cancel"]
+    "scenario", ["reader", "merged", "failed_wait", "failed_prefetch", "inflight_hit", "cancel"]
 )
 def test_fault_scenario(shim, tmp_path, scenario):
     run_child(shim, scenario, tmp_path)
