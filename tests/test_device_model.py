@@ -177,7 +177,9 @@ def test_probe_reproduces_the_emulated_seed_ssd(tmp_path):
             off.append(("late reads", result.emulation["late_reads"]))
         for cell in result.levels + result.small:
             ms, mb_s = model.level(cell.size, cell.threads)
-            assert cell.median_ms >= 0.99 * float(ms[0])  # never faster than the model
+            if cell.median_ms < 0.99 * float(ms[0]):  # faster than the model: a retry too,
+                # since threads held off the CPU leave fewer reads in flight than the level's
+                off.append(("faster than the model", cell.size, cell.threads, cell.median_ms))
             for got, want in ((cell.median_ms, ms[0]), (cell.mb_s, mb_s[0])):
                 if abs(got / float(want) - 1) >= 0.1:
                     off.append((cell.size, cell.threads, got, float(want)))
