@@ -13,7 +13,7 @@ import pytest
 
 from sdq.cli import main
 from sdq.measure.ceiling import run_report
-from sdq.measure.optimum import DecodeRoutes, optimal_cost, token_time
+from sdq.measure.optimum import DecodeRoutes, optimal_cost, optimum_report, token_time
 from sdq.run.session import Session
 from sdq.run.settings import RunSettings
 
@@ -203,3 +203,114 @@ def test_chat_json_without_a_measured_bandwidth(tiny_model, tmp_path, capsys):
     assert c["bandwidth_mb_s"] is None and c["io_ceiling_tok_s"] is None
     assert c["bandwidth_note"].startswith("no bandwidth")
     assert c["bound_by"] == "compute" and math.isfinite(d["optimum"]["misses_vs_optimum"])
+
+
+# --- DecodeRoutes and optimum_report on a pager small enough to count by hand ----------------
+
+
+class _Table:
+    """Two MoE layers (3 and 5: table rows 0 and 1) of 4 experts; nbytes [rows, E, 3]."""
+
+    n_expert = 4
+    layers = (3, 5)
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+    def row(self, layer):
+        return self.layers.index(layer)
+
+
+class _Pager:
+    """What DecodeRoutes and optimum_report read of an ExpertCache."""
+
+    def __init__(self, nbytes, cached):
+        self.table = _Table(nbytes)
+        self.stats = {"lookups": 5, "misses": 2, "expert_bytes_read": 200, "bytes_read": 300}
+        self._cached = cached
+        split = type("Split", (), {"cache": 8, "streaming": 1, "policy": "lru"})()
+        self.plan = type("Plan", (), {"slot_split": split})()
+
+    def cached(self, layer):
+        return self._cached[layer]
+
+
+class _Log:
+    def __init__(self):
+        self.calls = []
+
+    def write_batch(self, *args):
+        self.calls.append(args)
+
+
+def _decode(routes, pager, tokens):
+    """tokens: per token, the experts of layer 3 and of layer 5; each pass adds 1 miss."""
+    for l3, l5 in tokens:
+        routes.write_batch("decode", 0, 3, np.array([l3]))
+        routes.write_batch("decode", 0, 5, np.array([l5]))
+        pager.stats = {k: v + 100 if "bytes" in k else v + 1 for k, v in pager.stats.items()}
+
+
+def test_decode_routes_keep_the_decode_as_global_keys_and_pass_every_record_on():
+    nbytes = np.full((2, 4, 3), 10, np.int64)  # [rows, E, 3] every expert 30 bytes
+    pager, log = _Pager(nbytes, {3: [0], 5: [2]}), _Log()
+    routes = DecodeRoutes(pager, log)
+    assert routes.groups().shape == (0, 1) and routes.groups().dtype == np.int64
+    assert routes.decode_stats() == dict.fromkeys(("lookups", "misses", "expert_bytes_read",
+                                                   "bytes_read"), 0)  # fmt: skip
+    routes.write_batch("prefill", 0, 3, np.array([[1, 2], [0, 3]]), np.ones((2, 2)))
+    assert routes.initial is None and routes.rows == []
+    _decode(routes, pager, [([0, 1], [2, 3]), ([1, 0], [3, 1])])
+    assert routes.initial == {0, 6}  # layer 3's expert 0, layer 5's expert 2 (row 1: 4 + 2)
+    assert routes.groups().tolist() == [[0, 1], [6, 7], [1, 0], [7, 5]]
+    assert routes.decode_stats() == {"lookups": 2, "misses": 2, "expert_bytes_read": 200,
+                                     "bytes_read": 200}  # fmt: skip
+    assert len(log.calls) == 5 and log.calls[0][0] == "prefill" and log.calls[-1][2] == 5
+    assert routes.key_bytes().tolist() == [30] * 8
+    routes.write_batch("prefill", 0, 3, np.array([[1, 2]]))  # a new generation starts over
+    assert routes.initial is None and routes.rows == [] and routes.stats0 is None
+
+
+def test_the_report_against_a_cache_of_every_key_by_hand():
+    """8 slots hold every key: the optimum misses each decode key not cached at the start once
+    (keys 1, 7, 5 with 0 and 6 cached); equal sizes make the bytes exact (3 x 30)."""
+    nbytes = np.full((2, 4, 3), 10, np.int64)
+    pager = _Pager(nbytes, {3: [0], 5: [2]})
+    routes = DecodeRoutes(pager)
+    _decode(routes, pager, [([0, 1], [2, 3]), ([1, 0], [3, 1])])
+    report = optimum_report(routes)
+    assert (report.policy, report.cache_slots, report.streaming_slots) == ("lru", 8, 1)
+    assert (report.scope, report.initial_cached, report.lookups) == ("global", 2, 8)
+    assert (report.pager_misses, report.optimum_misses, report.misses_vs_optimum) == (2, 3, 2 / 3)
+    assert (report.pager_expert_bytes, report.optimum_expert_bytes) == (200, 90)
+    assert report.bytes_optimum_exact and report.bytes_vs_optimum == 200 / 90
+    nbytes[1, 1] = 100  # layer 5's expert 1 (key 5) is larger: the bytes come from the flow
+    uneven = optimum_report(routes)
+    assert not uneven.bytes_optimum_exact
+    assert (uneven.optimum_misses, uneven.optimum_expert_bytes) == (3, 30 + 30 + 300)
+
+
+def test_a_decode_with_nothing_to_read_has_no_ratio():
+    pager = _Pager(np.full((2, 4, 3), 10, np.int64), {3: [0, 1], 5: [2, 3]})
+    routes = DecodeRoutes(pager)
+    _decode(routes, pager, [([0, 1], [2, 3])])
+    report = optimum_report(routes)
+    assert report.optimum_misses == 0 and math.isnan(report.misses_vs_optimum)
+
+
+def test_optimal_cost_edges():
+    assert optimal_cost(np.zeros((0, 2), np.int64), 2) == 0
+    assert optimal_cost([[0, 1]], 2) == 2 and optimal_cost([[0, 1]], 2, initial=[1]) == 1
+    assert optimal_cost([[0, 1]], 2, key_bytes=np.array([5, 7])) == 12
+    with pytest.raises(ValueError, match=r"^3 keys cannot start in 2 slots$"):
+        optimal_cost([[0, 1]], 2, initial=[0, 1, 2])
+
+
+def test_token_time_by_hand():
+    t = token_time(
+        {"forward_ms_per_token": 8.0, "no_read_ms_per_token": 1.0, "pager_ms_per_token": 0.5},
+        {"total": 10.0, "io_wait": 2.0},
+    )
+    assert (t.total_ms, t.no_read_ms, t.io_wait_ms, t.pager_ms, t.compute_ms) == (
+        10.0, 3.0, 2.0, 0.5, 4.5)  # fmt: skip
+    assert t.parts == {"no_read_ms": 3.0, "io_wait_ms": 2.0, "pager_ms": 0.5, "compute_ms": 4.5}

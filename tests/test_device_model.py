@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -226,3 +228,139 @@ def test_hostile_paths_are_one_line_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "m.json").exists()
+
+
+# --- a device table and a model file refused word for word --------------------------------
+
+HEADER = "size_bytes,threads,median_ms,mb_s,iops"
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (["1.5,1,1,,"], "row 2: size_bytes '1.5' is not a positive integer"),
+        ([",1,1,,"], "row 2: size_bytes is empty"),
+        (["4096,x,1,,"], "row 2: threads 'x' is not a number"),
+        (["4096,0,1,,"], "row 2: threads '0' is not a positive integer"),
+        (["4096,2.5,1,,"], "row 2: threads '2.5' is not a positive integer"),
+        (["4096,1,-1,,"], "row 2: median_ms '-1' is not a positive number"),
+        (["4096,1,0,,"], "row 2: median_ms '0' is not a positive number"),
+        (["4096,1,,inf,"], "row 2: mb_s 'inf' is not a positive number"),
+        (["4096,1,,,nan"], "row 2: iops 'nan' is not a positive number"),
+        (["4096,1,,,"], "row 2 has no median_ms, mb_s or iops"),
+        (["4096,1,1,,", "# a comment between rows", "4096,257,1,,"], "row 3: threads 257 > 256"),
+        ([], "no rows"),
+    ],
+)
+def test_a_bad_table_cell_is_named_by_row_and_column(tmp_path, rows, message):
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(["# source: a test", HEADER, *rows]) + "\n")
+    with pytest.raises(ParamsError) as err:
+        device_model.read_table(path)
+    assert str(err.value) == f"device table {path}: {message}"
+
+
+def test_table_columns_comments_and_iops(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("size_bytes,threads,speed\n4096,1,3\n")
+    with pytest.raises(ParamsError) as err:
+        device_model.read_table(path)
+    assert str(err.value) == (
+        f"device table {path}: unknown column 'speed' (expected size_bytes, threads, "
+        "median_ms, mb_s, iops)"
+    )
+    path.write_text("size_bytes,median_ms\n4096,3\n")
+    with pytest.raises(ParamsError) as err:
+        device_model.read_table(path)
+    assert str(err.value) == f"device table {path}: missing column 'threads'"
+    path.write_text(f"  # indented comment\n{HEADER}\n1048576,4,,,100\n4096,256,0.5,8,\n")
+    cells = device_model.read_table(path)
+    iops_mb_s = 100 * 1048576 / 1e6  # 100 reads/s of 1 MiB, in MB/s (10^6 bytes)
+    assert cells == [TableCell(1048576, 4, None, iops_mb_s), TableCell(4096, 256, 0.5, 8.0)]
+    assert isinstance(cells[0].size, int) and isinstance(cells[0].threads, int)
+    path.write_bytes(b"size_bytes,threads\n\xff\n")
+    with pytest.raises(ParamsError) as err:
+        device_model.read_table(path)
+    assert str(err.value) == f"device table {path}: not UTF-8 text"
+
+
+def test_fit_refuses_too_little_and_keeps_its_source():
+    with pytest.raises(ParamsError) as err:
+        device_model.fit([], name="x")
+    assert str(err.value) == "fitting a device model needs at least one table cell"
+    one_size = [TableCell(4096, 1, 0.1, None), TableCell(4096, 2, 0.1, None)]
+    with pytest.raises(ParamsError) as err:
+        device_model.fit(one_size, name="x")
+    assert str(err.value) == (
+        "fitting a device model needs two read sizes or bandwidth at two concurrencies"
+    )
+    two_streams = [TableCell(4096, 1, None, 40.0), TableCell(4096, 2, None, 80.0)]
+    assert device_model.fit(two_streams, name="x").source == ""
+    assert device_model.fit(two_streams, name="x", source="s").source == "s"
+    cells = device_model.read_table(SEED_CSV)
+    report = device_model.fit_report(device_model.load(SEED_JSON), cells)
+    worst = max(abs(r[k]) for r in report["cells"] for k in ("ms_residual", "mb_s_residual")
+                if k in r)  # fmt: skip
+    assert report["max_abs_residual"] == round(worst, 4) and report["method"] == "log least squares"
+
+
+def test_a_model_file_refused_word_for_word(tmp_path):
+    path = tmp_path / "m.json"
+    for text, message in (
+        ("[1]", "expected a JSON object"),
+        ("{", "not JSON (Expecting property name enclosed in double quotes at line 1)"),
+        ('{"version": 2}', "version 2, expected 1"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ParamsError) as err:
+            device_model.load(path)
+        assert str(err.value) == f"device model {path}: {message}"
+    assert device_model.resolve(None) is None and device_model.resolve(" native ") is None
+
+
+def test_a_destination_that_cannot_take_a_model(tmp_path):
+    assert device_model.check_destination(tmp_path / "m.json", "--fit-out") == tmp_path / "m.json"
+    for path, message in (
+        (tmp_path, f"--fit-out {tmp_path}: not a file to write"),
+        (
+            tmp_path / "no" / "m.json",
+            f"--fit-out {tmp_path / 'no' / 'm.json'}: directory {tmp_path / 'no'} does not exist",
+        ),  # fmt: skip
+    ):
+        with pytest.raises(ParamsError) as err:
+            device_model.check_destination(path, "--fit-out")
+        assert str(err.value) == message
+    existing = tmp_path / "m2.json"
+    existing.write_text("{}")
+    assert device_model.check_destination(existing, "--fit-out") == existing
+
+
+def test_the_source_of_an_emulated_device_is_timed_and_a_faster_model_refused(tmp_path):
+    path = tmp_path / "src"
+    path.write_bytes(bytes(range(256)) * 8192)  # 2 MiB
+    slow = replace(device_model.load(SEED_JSON), stream_mb_s=1e-3)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rate = device_model.prepare_source(fd, path.stat().st_size, slow, EXPERT)
+        assert rate > 1e-3
+        fast = replace(slow, name="ram", stream_mb_s=1e12)
+        with pytest.raises(ParamsError) as err:
+            device_model.prepare_source(fd, path.stat().st_size, fast, EXPERT)
+        assert re.fullmatch(
+            r"device model ram: one stream at 1e\+12 MB/s is not slower than the source here "
+            r"\(\d+ MB/s from the page cache\): emulation can only slow reads down",
+            str(err.value),
+        )
+    finally:
+        os.close(fd)
+
+
+def test_cells_from_a_probe():
+    Stats = type("S", (), {})
+    a, b = Stats(), Stats()
+    a.size, a.threads, a.median_ms, a.mb_s = 4096, 1, 0.1, 40.0
+    b.size, b.threads, b.median_ms, b.mb_s = 1 << 20, 8, 2.0, 900.0
+    assert device_model.cells_from_probe([b], [a]) == [
+        TableCell(1 << 20, 8, 2.0, 900.0),
+        TableCell(4096, 1, 0.1, 40.0),
+    ]
