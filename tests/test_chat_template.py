@@ -141,3 +141,106 @@ def test_bad_messages_are_params_errors(messages, text):
 def test_text_parts_are_joined():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     assert check_messages([{"role": "user", "content": parts}])[0]["content"] == "ab"
+
+
+# --- word for word, and the helpers the template sees ------------------------------------------
+
+
+class _Vocab:
+    """What ChatTemplate.of and prompt_ids read of a Tokenizer."""
+
+    tokens = ["<s>", "</s>", "a", "b"]
+
+    def __init__(self, bos_id=0, eos_id=1, add_bos=True):
+        self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
+
+    def encode(self, text, add_bos, special):
+        assert (add_bos, special) == (False, True)  # the template wrote what it wanted
+        return [{"<s>": 0, "a": 2, "b": 3}[t] for t in text.split()]
+
+
+@pytest.mark.parametrize(
+    "messages, text",
+    [
+        ([], "messages must be a non-empty list of {role, content} objects"),
+        ((), "messages must be a non-empty list of {role, content} objects"),
+        ([{"role": "user", "content": "hi"}, ["user", "hi"]], "message 1 is a list, not an object"),
+        (
+            [{"role": "wizard", "content": "hi"}],
+            "message 0: role 'wizard' is not one of system, user, assistant, tool",
+        ),  # fmt: skip
+        (
+            [{"role": "user", "content": [{"type": "image", "text": "x"}]}],
+            "message 0: content must be text (or a list of text parts)",
+        ),  # fmt: skip
+        (
+            [{"role": "user", "content": [{"type": "text", "text": 3}]}],
+            "message 0: content must be text (or a list of text parts)",
+        ),  # fmt: skip
+        (
+            [{"role": "user", "content": ["hi"]}],
+            "message 0: content must be text (or a list of text parts)",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_messages_word_for_word(messages, text):
+    with pytest.raises(ParamsError) as err:
+        check_messages(messages)
+    assert str(err.value) == text
+
+
+def test_checked_messages_are_plain_dicts_in_order():
+    messages = ({"role": "system", "content": "s", "name": "x"}, {"role": "tool", "content": []})
+    assert check_messages(messages) == [
+        {"role": "system", "content": "s"},
+        {"role": "tool", "content": ""},
+    ]
+
+
+def test_template_of_a_file_word_for_word():
+    vocab = _Vocab(bos_id=None, eos_id=1)
+    t = ChatTemplate.of({"tokenizer.chat_template": "{{ bos_token }}|{{ eos_token }}"}, vocab, "f")
+    assert (t.bos_token, t.eos_token, t.where) == ("", "</s>", "f")
+    assert t.render([{"role": "user", "content": "x"}]) == "|</s>"
+    assert ChatTemplate.of({"tokenizer.chat_template": "x"}, _Vocab()).where == "model"
+    with pytest.raises(TokenizerError) as err:
+        ChatTemplate.of({"tokenizer.chat_template": 3}, vocab, "f.gguf")
+    assert str(err.value) == "f.gguf: tokenizer.chat_template is a int, not text"
+    with pytest.raises(TokenizerError) as err:
+        ChatTemplate.of({"tokenizer.chat_template": "{% for %}"}, vocab, "f.gguf").render(
+            [{"role": "user", "content": "x"}]
+        )
+    assert str(err.value).startswith("f.gguf: tokenizer.chat_template does not compile: ")
+    with pytest.raises(TokenizerError) as err:
+        ChatTemplate.of({"tokenizer.chat_template": "{{ 'a' + 1 }}"}, vocab, "f.gguf").render(
+            [{"role": "user", "content": "x"}]
+        )
+    assert str(err.value) == (
+        "f.gguf: tokenizer.chat_template failed to render: TypeError: can only concatenate str "
+        '(not "int") to str'
+    )
+    with pytest.raises(ParamsError) as err:
+        ChatTemplate.of(
+            {"tokenizer.chat_template": "{{ raise_exception('no tools') }}"}, vocab
+        ).render([{"role": "user", "content": "x"}])
+    assert str(err.value) == "the chat template refuses these messages: no tools"
+
+
+def test_generation_prompt_flag_and_helpers_reach_the_template():
+    source = (
+        "{{ messages | tojson }}{% if add_generation_prompt %}>{% endif %}"
+        "{{ {'k': [1, 2]} | tojson(indent=1) }}{{ strftime_now('%Y') | length }}"
+    )
+    t = ChatTemplate.of({"tokenizer.chat_template": source}, _Vocab())
+    messages = [{"role": "user", "content": "é"}]
+    with_prompt = t.render(messages)
+    assert with_prompt == '[{"role": "user", "content": "é"}]>{\n "k": [\n  1,\n  2\n ]\n}4'
+    assert t.render(messages, add_generation_prompt=False) == with_prompt.replace(">", "", 1)
+
+
+def test_prompt_ids_add_bos_only_when_asked_and_missing():
+    assert prompt_ids(_Vocab(), "a b") == [0, 2, 3]
+    assert prompt_ids(_Vocab(), "<s> a") == [0, 2]
+    assert prompt_ids(_Vocab(), "") == [0]
+    assert prompt_ids(_Vocab(add_bos=False), "a") == [2]
+    assert prompt_ids(_Vocab(bos_id=None), "a") == [2]
