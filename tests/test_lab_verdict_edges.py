@@ -167,6 +167,7 @@ def test_the_rank_and_coverage_follow_the_confidence_asked_for():
     assert coverage(10, 0.8) == pytest.approx(1 - 2 * 56 / 1024)
     assert interval(np.arange(10.0), 0.8) == (2.0, 7.0)
     assert order_statistic_rank(6, 1 - 2 / 64) == 1  # exactly at the bound: included
+    assert order_statistic_rank(5, 0.5) == 2  # [x(2), x(4)]: P(Bin(5, 1/2) < 3) = 1/2
 
 
 def test_the_settling_projection_by_hand():
