@@ -141,6 +141,9 @@ __attribute__((constructor)) static void load_rules(void) {
     if (spec && sdq_faults_set(spec) != 0) fprintf(stderr, "fault_pread: bad SDQ_FAULTS\n");
 }
 
+/* What partial and short read: half of what was asked (all of one byte). */
+static size_t half(size_t count) { return count > 1 ? count / 2 : count; }
+
 /* The rule that fires for this call (-1: none), its kind and stall in *kind, *ms. */
 static int match(int fd, size_t count, off_t offset, int *kind, int64_t *ms) {
     int fire = -1;
@@ -165,7 +168,7 @@ static int match(int fd, size_t count, off_t offset, int *kind, int64_t *ms) {
         if (r->kind == SHORT_) {
             r->eof_next = 1;
             r->eof_fd = fd;
-            r->eof_at = offset + (off_t)(count > 1 ? count / 2 : count);
+            r->eof_at = offset + (off_t)half(count);
         }
         fire = i;
         *kind = r->kind;
@@ -175,23 +178,37 @@ static int match(int fd, size_t count, off_t offset, int *kind, int64_t *ms) {
     return fire;
 }
 
-static ssize_t faulty(pread_fn real, int fd, void *buf, size_t count, off_t offset) {
+enum { READ_ALL, READ_HALF, DONE };
+
+/* What one call of `count` bytes at `offset` does under the rule that fires (none: READ_ALL).
+ * Sleeps or closes the descriptor as the rule says; DONE sets *ret (0 at end of file, -1 with
+ * errno set). Shared by pread and preadv, so every read call meets the same faults. */
+static int fault_for(int fd, size_t count, off_t offset, ssize_t *ret) {
     int kind = 0;
     int64_t ms = 0;
-    if (match(fd, count, offset, &kind, &ms) < 0) return real(fd, buf, count, offset);
+    if (match(fd, count, offset, &kind, &ms) < 0) return READ_ALL;
     switch (kind) {
-    case -1: return 0;
-    case EIO_: errno = EIO; return -1;
-    case EINTR_: errno = EINTR; return -1;
+    case -1: *ret = 0; return DONE;
+    case EIO_: errno = EIO; *ret = -1; return DONE;
+    case EINTR_: errno = EINTR; *ret = -1; return DONE;
     case PARTIAL:
-    case SHORT_: return real(fd, buf, count > 1 ? count / 2 : count, offset);
+    case SHORT_: return READ_HALF;
     case STALL: {
         struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
-        return real(fd, buf, count, offset);
+        return READ_ALL;
     }
-    default: close(fd); return real(fd, buf, count, offset);
+    default: close(fd); return READ_ALL;
+    }
+}
+
+static ssize_t faulty(pread_fn real, int fd, void *buf, size_t count, off_t offset) {
+    ssize_t ret = 0;
+    switch (fault_for(fd, count, offset, &ret)) {
+    case DONE: return ret;
+    case READ_HALF: return real(fd, buf, half(count), offset);
+    default: return real(fd, buf, count, offset);
     }
 }
 
@@ -219,26 +236,14 @@ static int first_bytes(const struct iovec *iov, int n, size_t want, struct iovec
 static ssize_t faulty_v(preadv_fn real, int fd, const struct iovec *iov, int n, off_t offset) {
     size_t count = 0;
     for (int i = 0; i < n; i++) count += iov[i].iov_len;
-    int kind = 0;
-    int64_t ms = 0;
-    if (match(fd, count, offset, &kind, &ms) < 0) return real(fd, iov, n, offset);
-    switch (kind) {
-    case -1: return 0;
-    case EIO_: errno = EIO; return -1;
-    case EINTR_: errno = EINTR; return -1;
-    case PARTIAL:
-    case SHORT_: {
-        struct iovec half[MAX_IOV];
-        int k = first_bytes(iov, n, count > 1 ? count / 2 : count, half);
-        return real(fd, half, k, offset);
+    ssize_t ret = 0;
+    switch (fault_for(fd, count, offset, &ret)) {
+    case DONE: return ret;
+    case READ_HALF: {
+        struct iovec first[MAX_IOV];
+        return real(fd, first, first_bytes(iov, n, half(count), first), offset);
     }
-    case STALL: {
-        struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
-        return real(fd, iov, n, offset);
-    }
-    default: close(fd); return real(fd, iov, n, offset);
+    default: return real(fd, iov, n, offset);
     }
 }
 

@@ -7,6 +7,7 @@ Dimension key: N lookup groups, K experts per group, S cache slots, M keys.
 import json
 import math
 from itertools import combinations
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -228,8 +229,8 @@ class _Pager:
         self.table = _Table(nbytes)
         self.stats = {"lookups": 5, "misses": 2, "expert_bytes_read": 200, "bytes_read": 300}
         self._cached = cached
-        split = type("Split", (), {"cache": 8, "streaming": 1, "policy": "lru"})()
-        self.plan = type("Plan", (), {"slot_split": split})()
+        split = SimpleNamespace(cache=8, streaming=1, policy="lru")
+        self.plan = SimpleNamespace(slot_split=split)
 
     def cached(self, layer):
         return self._cached[layer]

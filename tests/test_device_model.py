@@ -9,6 +9,7 @@ import os
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -356,10 +357,8 @@ def test_the_source_of_an_emulated_device_is_timed_and_a_faster_model_refused(tm
 
 
 def test_cells_from_a_probe():
-    Stats = type("S", (), {})
-    a, b = Stats(), Stats()
-    a.size, a.threads, a.median_ms, a.mb_s = 4096, 1, 0.1, 40.0
-    b.size, b.threads, b.median_ms, b.mb_s = 1 << 20, 8, 2.0, 900.0
+    a = SimpleNamespace(size=4096, threads=1, median_ms=0.1, mb_s=40.0)  # a probe's ReadStats
+    b = SimpleNamespace(size=1 << 20, threads=8, median_ms=2.0, mb_s=900.0)
     assert device_model.cells_from_probe([b], [a]) == [
         TableCell(1 << 20, 8, 2.0, 900.0),
         TableCell(4096, 1, 0.1, 40.0),

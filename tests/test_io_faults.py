@@ -164,11 +164,11 @@ def scenario_reader(tmp: str) -> None:
     arena.close()
 
 
-def merged_faults(f, reader, arena, row: int, experts, target: int, off: int, n: int, where):
+def merged_faults(f, reader, arena, row, experts, target, off, n, where, check_bytes) -> None:
     """Mode merged: `experts` [3] whose reads continue each other in the file, so each of their
     parts is one preadv; faults at `off` (the target expert's part of `n` bytes, `where` its
     name in an error). The preadv is half done or fails, and each read must then finish, or
-    fail, on its own: every served expert holds the file's bytes."""
+    fail, on its own: every served expert holds the file's bytes (`check_bytes()`)."""
     addrs = [arena.address(k) for k in range(len(experts))]
     k_bad = experts.index(target)
 
@@ -203,7 +203,7 @@ def merged_faults(f, reader, arena, row: int, experts, target: int, off: int, n:
         batch = submit(spec)
         batch.wait_all()
         assert f.fired() == fired, (spec, f.fired())
-        yield
+        check_bytes()
     f.set("")
 
 
@@ -233,34 +233,28 @@ def scenario_merged(tmp: str) -> None:
                 v = layout.view_offset(int(table.offsets[row, e, p]), p, row)
                 assert arena.slot(k)[v : v + n].tobytes() == data[a : a + n], (e, p)
 
-    # the GGUF's layout: expert e's up continues expert e-1's up
-    layout = SlotLayout.for_table(t, "pagecache")
-    reader = ExpertReader(path, t, layout, IOSettings(threads=3, mode="merged"))
-    arena = Arena(3, layout.slot_bytes)
-    reads, _ = reader.plan(row, experts, [arena.address(k) for k in range(3)])
-    assert len(set(reads[:, 5].tolist())) == 3, reads  # 9 reads, 3 preadvs: one per part
+    def under_faults(file, table, layout, preadvs: int, off: int, n: int, part: str) -> None:
+        """The three experts read from `file` in `preadvs` preadvs, under every fault at `off`
+        (the target's `part`, `n` bytes)."""
+        reader = ExpertReader(file, table, layout, IOSettings(threads=3, mode="merged"))
+        arena = Arena(3, layout.slot_bytes)
+        reads, _ = reader.plan(row, experts, [arena.address(k) for k in range(3)])
+        assert len(set(reads[:, 5].tolist())) == preadvs, reads
+        where = f"reading layer {layer} expert {target} {part} at offset {off} length {n}"
+        merged_faults(f, reader, arena, row, experts, target, off, n, where,
+                      lambda: check_bytes(table, layout, arena))  # fmt: skip
+        reader.close()
+        arena.close()
+
+    # the GGUF's layout: expert e's up continues expert e-1's up; 9 reads, one preadv per part
     off, n = int(t.offsets[row, target, 1]), int(t.nbytes[row, target, 1])
-    where = f"reading layer {layer} expert {target} up at offset {off} length {n}"
-    for _ in merged_faults(f, reader, arena, row, experts, target, off, n, where):
-        check_bytes(t, layout, arena)
-    reader.close()
-    arena.close()
-    # a pack whose order puts experts 3, 4, 5 next to each other: one preadv for the three
+    under_faults(path, t, SlotLayout.for_table(t, "pagecache"), 3, off, n, "up")
+    # a pack whose order puts experts 3, 4, 5 next to each other: 3 records, one preadv
     out = Path(tmp) / "m.sdqpack"
     write_pack(model, out)
     pack = open_pack(model, out)
-    layout = SlotLayout.for_pack(pack, "pagecache")
-    reader = ExpertReader(pack.path, pack.table, layout, IOSettings(threads=3, mode="merged"))
-    arena = Arena(3, layout.slot_bytes)
-    reads, _ = reader.plan(row, experts, [arena.address(k) for k in range(3)])
-    assert len(set(reads[:, 5].tolist())) == 1, reads  # 3 records, one preadv
-    off = int(pack.table.offsets[row, target, 0])
-    n = int(pack.record_bytes[row])
-    where = f"reading layer {layer} expert {target} record at offset {off} length {n}"
-    for _ in merged_faults(f, reader, arena, row, experts, target, off, n, where):
-        check_bytes(pack.table, layout, arena)
-    reader.close()
-    arena.close()
+    off, n = int(pack.table.offsets[row, target, 0]), int(pack.record_bytes[row])
+    under_faults(pack.path, pack.table, SlotLayout.for_pack(pack, "pagecache"), 1, off, n, "record")
 
 
 def scenario_stall(tmp: str) -> None:

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_lab_verdict import PARALLEL, pairs_with_ratios
 
 from sdq.errors import LabError, ParamsError
 from sdq.lab.outputs import collect_verdicts
@@ -38,8 +39,6 @@ from sdq.lab.verdict import (
     to_record,
 )
 
-PARALLEL = Claim("000-§0-parallel", "T4", "+48 %", seed=1.48, direction="higher",
-                 metric="decode_tok_s", a="serial", b="parallel")  # fmt: skip
 WAIT = Claim("000-§3-io-wait", "T4", "12.6 -> 7.57 ms", seed=0.5, direction="lower",
              metric="expert_io_ms_per_token", a="serial", b="parallel")  # fmt: skip
 FLAT = Claim("000-§2-threads-flat", "T3", "16 vs 24 threads", seed=1.0, direction="equal",
@@ -50,43 +49,42 @@ RSS = Claim("000-§5.2-fits", "T9", "fits at 900 MB", seed=0.98, direction="equa
             metric="peak_rss / limit", kind="level", null=1.0)  # fmt: skip
 
 
-def pairs(ratios, a=4.0):
-    """(a, a * r) pairs: with a a power of two, each pair's log ratio is log(r) exactly."""
-    return [(a, a * r) for r in ratios]
-
-
 # --- every branch: word, seed_inside, reason, recorded fields ----------------------------------
 
 
 def test_an_effect_in_each_region_gets_its_word_its_overlap_and_its_reason():
-    inside = judge(PARALLEL, pairs([1.45, 1.5, 1.4, 1.55, 1.48, 1.46]))
+    inside = judge(PARALLEL, pairs_with_ratios([1.45, 1.5, 1.4, 1.55, 1.48, 1.46]))
     assert (inside.verdict, inside.seed_inside) == (REPRODUCED, True)
     assert "excludes 1 on the seed's side and meets the seed's 1.48 ±20%" in inside.reason
-    smaller = judge(PARALLEL, pairs([1.05, 1.06, 1.07, 1.05, 1.06, 1.07]))  # > 1, below 1.23
+    smaller = judge(
+        PARALLEL, pairs_with_ratios([1.05, 1.06, 1.07, 1.05, 1.06, 1.07])
+    )  # > 1, below 1.23
     assert (smaller.verdict, smaller.seed_inside) == (NOT_REPRODUCED, False)
-    below = judge(PARALLEL, pairs([1.21, 1.22, 1.21, 1.22, 1.21, 1.22]))
+    below = judge(PARALLEL, pairs_with_ratios([1.21, 1.22, 1.21, 1.22, 1.21, 1.22]))
     assert (below.verdict, below.seed_inside) == (SMALLER, False)
     assert "lies below the seed's 1.48 ±20%" in below.reason
-    above = judge(PARALLEL, pairs([2.5, 2.6, 2.7, 2.5, 2.6, 2.7]))
+    above = judge(PARALLEL, pairs_with_ratios([2.5, 2.6, 2.7, 2.5, 2.6, 2.7]))
     assert above.seed_inside is False and "lies above the seed's 1.48 ±20%" in above.reason
-    opposite = judge(PARALLEL, pairs([0.5, 0.6, 0.55, 0.5, 0.6, 0.55]))
+    opposite = judge(PARALLEL, pairs_with_ratios([0.5, 0.6, 0.55, 0.5, 0.6, 0.55]))
     assert (opposite.verdict, opposite.seed_inside) == (CONTRADICTED, False)
     assert "excludes 1 on the side opposite the seed's, beyond ±20%" in opposite.reason
-    unsure = judge(PARALLEL, pairs([0.9, 1.6, 1.5, 1.4, 1.3, 1.0]))
+    unsure = judge(PARALLEL, pairs_with_ratios([0.9, 1.6, 1.5, 1.4, 1.3, 1.0]))
     assert (unsure.verdict, unsure.seed_inside) == (INCONCLUSIVE, True)
     assert re.search(r"contains 1 and reaches beyond ±20%; about \d+ pairs would", unsure.reason)
 
 
 def test_a_null_claim_in_each_region_gets_its_word_and_its_overlap():
-    flat = judge(FLAT, pairs([1.0, 1.05, 0.95, 1.02, 0.98, 1.01]))
+    flat = judge(FLAT, pairs_with_ratios([1.0, 1.05, 0.95, 1.02, 0.98, 1.01]))
     assert (flat.verdict, flat.seed_inside) == (REPRODUCED, True)
     assert "lies inside 1 ±20%" in flat.reason
-    steep = judge(FLAT, pairs([2.0, 2.1, 1.9, 2.2, 2.0, 2.05]))
+    steep = judge(FLAT, pairs_with_ratios([2.0, 2.1, 1.9, 2.2, 2.0, 2.05]))
     assert (steep.verdict, steep.seed_inside) == (CONTRADICTED, False)
     assert "lies outside 1 ±20%" in steep.reason
-    low = judge(FLAT, pairs([0.5, 0.52, 0.48, 0.5, 0.51, 0.49]))  # outside on the low side
+    low = judge(
+        FLAT, pairs_with_ratios([0.5, 0.52, 0.48, 0.5, 0.51, 0.49])
+    )  # outside on the low side
     assert low.verdict == CONTRADICTED
-    edge = judge(FLAT, pairs([1.0, 1.1, 1.3, 1.15, 1.05, 1.0]))
+    edge = judge(FLAT, pairs_with_ratios([1.0, 1.1, 1.3, 1.15, 1.05, 1.0]))
     assert (edge.verdict, edge.seed_inside) == (INCONCLUSIVE, True)
     assert edge.reason.endswith(f"straddles the edge of 1 ±20%; about {edge.n_needed} pairs would "
                                 "settle it")  # fmt: skip
@@ -94,41 +92,48 @@ def test_a_null_claim_in_each_region_gets_its_word_and_its_overlap():
 
 def test_an_interval_that_touches_zero_is_not_a_decision():
     """lo = 0 exactly is not 'no effect excluded', and hi = 0 exactly not 'the other side'."""
-    up = judge(PARALLEL, pairs([1.0, 1.0, 1.0, 1.5, 1.5, 1.5]))
+    up = judge(PARALLEL, pairs_with_ratios([1.0, 1.0, 1.0, 1.5, 1.5, 1.5]))
     assert (up.low, up.verdict) == (1.0, INCONCLUSIVE)
-    down = judge(PARALLEL, pairs([0.7, 0.7, 0.7, 1.0, 1.0, 1.0]))
+    down = judge(PARALLEL, pairs_with_ratios([0.7, 0.7, 0.7, 1.0, 1.0, 1.0]))
     assert (down.high, down.verdict) == (1.0, INCONCLUSIVE)
 
 
 def test_a_lower_claim_that_its_regime_rules_out_says_at_least_and_keeps_the_regime():
     """'lower' claims show the regime's cap as a ratio B/A (1 / ceiling) and say 'at least'."""
-    v = judge(WAIT, pairs([0.9] * 6), ceiling=1.25, regime="I/O wait 20 % of token time")
+    v = judge(
+        WAIT, pairs_with_ratios([0.9] * 6), ceiling=1.25, regime="I/O wait 20 % of token time"
+    )
     assert v.verdict == NOT_TESTABLE
     assert v.reason == (
         "I/O wait 20 % of token time: at least 0.8× here, short of the seed's 0.5× by more "
         "than its 20% margin"
     )
     assert (v.ceiling, v.regime) == (1.25, "I/O wait 20 % of token time")
-    higher = judge(PARALLEL, pairs([1.0] * 6), ceiling=1.1, regime="I/O 9 %")
+    higher = judge(PARALLEL, pairs_with_ratios([1.0] * 6), ceiling=1.1, regime="I/O 9 %")
     assert higher.reason.startswith("I/O 9 %: at most 1.1× here, short of the seed's 1.48×")
 
 
 def test_a_regime_that_reaches_the_seeds_band_leaves_the_claim_testable():
-    v = judge(PARALLEL, pairs([1.45, 1.5, 1.4, 1.55, 1.48, 1.46]), ceiling=1.48, regime="cap")
+    v = judge(
+        PARALLEL, pairs_with_ratios([1.45, 1.5, 1.4, 1.55, 1.48, 1.46]), ceiling=1.48, regime="cap"
+    )
     assert v.verdict == REPRODUCED and (v.ceiling, v.regime) == (1.48, "cap")
 
 
 def test_a_null_claim_holds_trivially_when_the_cap_is_the_margin_itself():
     flat = replace(FLAT, margin=0.25)
     assert math.log(1.25) == math.log1p(0.25)  # 1.25 is exact: the cap is the band's edge
-    v = judge(flat, pairs([1.0] * 6), ceiling=1.25, regime="I/O < 1 %")
+    v = judge(flat, pairs_with_ratios([1.0] * 6), ceiling=1.25, regime="I/O < 1 %")
     assert v.verdict == NOT_TESTABLE and "holds trivially" in v.reason
-    assert judge(flat, pairs([1.0] * 6), ceiling=1.3, regime="I/O 30 %").verdict == REPRODUCED
+    assert (
+        judge(flat, pairs_with_ratios([1.0] * 6), ceiling=1.3, regime="I/O 30 %").verdict
+        == REPRODUCED
+    )
 
 
 def test_defaults_record_no_why_and_no_regime():
     for v in (
-        judge(PARALLEL, pairs([1.5] * 6)),
+        judge(PARALLEL, pairs_with_ratios([1.5] * 6)),
         judge_level(RSS, [0.97] * 6),
         judge_computed(HITS, 0.7),
         judge_not_testable(PARALLEL, "another machine's absolute tok/s"),
@@ -150,7 +155,7 @@ def test_no_pairs_at_all_is_inconclusive_asking_for_six():
 
 def test_measurements_of_the_wrong_kind_or_shape_are_named():
     with pytest.raises(ParamsError, match=r"^claim 000-§0-parallel: a computed claim is not "):
-        judge(HITS.__class__(**{**HITS.__dict__, "id": "000-§0-parallel"}), pairs([1.0]))
+        judge(replace(HITS, id="000-§0-parallel"), pairs_with_ratios([1.0]))
     with pytest.raises(LabError, match=r"^claim 000-§5.2-fits: values must have shape \(n,\), "):
         judge_level(RSS, [[0.9, 0.9]])
     with pytest.raises(LabError, match=r"^claim 000-§5.2-fits: run 1 is nan: every measurement"):
@@ -272,7 +277,7 @@ def test_a_not_testable_record_without_data_is_redone_as_it_was():
 
 
 def test_a_broken_record_names_the_claim_and_the_problem():
-    record = to_record(PARALLEL, judge(PARALLEL, pairs([1.5] * 6)))
+    record = to_record(PARALLEL, judge(PARALLEL, pairs_with_ratios([1.5] * 6)))
     missing = {k: v for k, v in record.items() if k != "claim"}
     with pytest.raises(LabError) as err:
         from_record(missing)

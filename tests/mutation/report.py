@@ -99,7 +99,7 @@ def render(run_dir: Path, results, equivalent: dict[str, str]) -> str:
             f"{other} | {n['not checked']} | {score} |"
         )
         details += ["", f"## `{module}`", ""]
-        if not survivors and not other:
+        if not survivors and not other and not untested:
             details.append("No survivors.")
         for name in survivors:
             verdict = f"equivalent: {equivalent[name]}" if name in eq else "NOT equivalent (a gap)"
