@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import resource
 
-from sdq.units import MIB
-
 
 def proc_status_kib(path: str, keys) -> dict[str, int]:
     """The `kB` fields `keys` of a /proc/<pid>/status file; {} when it cannot be read (a
@@ -33,8 +31,3 @@ def memory_figures() -> dict:
     if peak is None:  # no /proc: fall back to ru_maxrss (KiB on Linux)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"peak_rss_mb": peak / 1024, "swap_mb": status.get("VmSwap", 0) / 1024}
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set, in bytes."""
-    return int(memory_figures()["peak_rss_mb"] * MIB)

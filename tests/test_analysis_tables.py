@@ -68,29 +68,14 @@ def test_engine_source_with_token_ids(tmp_path):
 
 def test_per_sequence_results_add_up_to_the_trace():
     from sdq.analysis.replay import simulate_sequences, simulate_trace
-    from sdq.analysis.tables import sequence_policies, sequence_stats
 
     src = real_source(TRACES, "deepseek-v2-lite/prompt_*_data.csv")
-    assert src.sequence_names() == [s.name for s in src.trace.sequences]
     for policy in ("lru", "admit", "pin_other", "belady"):
         per = simulate_sequences(src.trace, policy, 32, "layer", src.phase)
         whole = simulate_trace(src.trace, policy, 32, "layer", src.phase)
         assert len(per) == 3
         assert sum(r.misses for r in per) == whole.misses
         assert sum(r.lookups for r in per) == whole.lookups
-    df = sequence_policies([src], 0.5, ["lru", "belady", "pin_other"])
-    assert len(df) == 9 and set(df.slots) == {32}
-    wide = df.pivot(index="sequence", columns="policy", values="misses")
-    assert (wide["belady"] <= wide["lru"]).all()
-
-    stats = sequence_stats([src], 48, 4)
-    assert list(stats.tokens) == [b.shape[0] for b in src.blocks()]
-    # the per-sequence U(4) read ratios, weighted by reads, give the trace's saving
-    u = union_table([src], [4]).set_index("k").loc[4]
-    reads = [union_reads_single(b) for b in src.blocks()]
-    weighted = sum(r * n for r, n in zip(stats["U(4)_reads"], reads, strict=True)) / sum(reads)
-    assert weighted == pytest.approx(1 - u.saving)
-    assert ((stats.only_once >= 0) & (stats.only_once <= 1)).all()
 
 
 def union_reads_single(block):

@@ -112,6 +112,8 @@ def test_no_template_is_none(tiny_vocab):
         ("{% for %}", TokenizerError, "does not compile"),
         ("{{ messages.__class__.__mro__ }}", TokenizerError, "failed to render"),
         ("{{ messages.append(1) }}", TokenizerError, "failed to render"),
+        ("{{ 1 / 0 }}", TokenizerError, "failed to render: ZeroDivisionError: division by zero"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", TokenizerError, "RecursionError"),
         ("{{ raise_exception('roles must alternate') }}", ParamsError, "roles must alternate"),
     ],
 )

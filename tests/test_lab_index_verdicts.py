@@ -346,36 +346,41 @@ def test_no_template_types_a_verdict():
                 assert not any(w in line for w in VERDICTS), f"{template.name}:{number}: {line}"
 
 
-# --- stability: kept runs of the same code, by machine ---------------------------------------
+# --- stability: kept runs of the same experiment, by machine ---------------------------------
 
 TREES = {"sdq": "a" * 40, "notebooks/03_demo.ipynb": "b" * 40}
 XEON = {"model": "Xeon X", "vector_extensions": ["sse4_2", "avx", "avx2", "avx512f"]}
 EPYC = {"model": "EPYC Y", "vector_extensions": ["sse4_2", "avx", "avx2"]}
 DISK = {"device": "/dev/vda", "fstype": "ext4", "rotational": True}
+PARAMS = {"name": "default", "model": {"preset": "seed"}, "03_demo": {"repeat": 6}}
 
 
-def _provenance(date, cpu, trees=TREES):
+def _provenance(date, cpu, trees=TREES, params=PARAMS):
     return {
         "notebook": "03_demo",
         "date_utc": date,
         "git": {"sha": "c" * 40, "dirty": False, "trees": dict(trees)},
+        "params": params,
         "cpu": cpu,
         "model": {"disk": DISK},
     }
 
 
-def _keep(out_dir: Path, date: str, cpu: dict, records: list[dict], trees=TREES) -> None:
+def _keep(
+    out_dir: Path, date: str, cpu: dict, records: list[dict], trees=TREES, params=PARAMS
+) -> None:
     """A kept run under out_dir/runs/<date>/: its verdicts and provenance."""
     run = out_dir / "runs" / date.replace("-", "").replace(":", "")
     run.mkdir(parents=True)
     (run / "verdicts.json").write_text(json.dumps(records))
-    (run / "provenance.json").write_text(json.dumps(_provenance(date, cpu, trees)))
+    (run / "provenance.json").write_text(json.dumps(_provenance(date, cpu, trees, params)))
 
 
 @pytest.fixture
 def kept(judged):
     """03_demo's latest outputs (on the Xeon) and its kept runs: one earlier Xeon run of the
-    same code, one copied in from an EPYC machine, one of older code, one under an old rule."""
+    same experiment, one copied in from an EPYC machine, one of older code, one with other
+    parameters, one under an old rule."""
     out = judged / "outputs" / "03_demo" / "default"
     latest = json.loads((out / "verdicts.json").read_text())
     (out / "provenance.json").write_text(json.dumps(_provenance("2026-01-03T00:00:00Z", XEON)))
@@ -390,19 +395,21 @@ def kept(judged):
     _keep(out, "2026-01-01T00:00:00Z", EPYC, [epyc])
     older = to_record(PARALLEL, judge(PARALLEL, pairs_with_ratios([0.5] * 6), why=WHY))
     _keep(out, "2025-12-01T00:00:00Z", XEON, [older], trees={**TREES, "sdq": "d" * 40})
+    fewer = {**PARAMS, "03_demo": {"repeat": 4}}
+    _keep(out, "2025-12-02T00:00:00Z", XEON, [older], params=fewer)
     old_rule = {k: v for k, v in epyc.items() if k not in ("margin", "basis")}
     _keep(out, "2025-12-31T00:00:00Z", EPYC, [old_rule])
     return judged
 
 
-def test_stability_counts_same_code_runs_by_machine_and_pools_their_data(kept):
+def test_stability_counts_same_experiment_runs_by_machine_and_pools_their_data(kept):
     render("default", root=kept)
     index = (kept / "docs" / "index.md").read_text()
     lines = index.splitlines()
     assert "- machine 1: EPYC Y (avx, avx2); disk /dev/vda (ext4, rotational)" in lines
     assert "- machine 2: Xeon X (avx, avx2, avx512f); disk /dev/vda (ext4, rotational)" in lines
     assert (
-        "- 03_demo: 4 of the 5 kept runs ran the code of its latest outputs "
+        "- 03_demo: 4 of the 6 kept runs repeat the experiment of its latest outputs "
         "(machine 1: 2, machine 2: 2) (1 records written under an older rule skipped)."
     ) in lines
     (parallel,) = [
@@ -411,7 +418,8 @@ def test_stability_counts_same_code_runs_by_machine_and_pools_their_data(kept):
     cells = _cells(parallel)
     assert cells[1] == REPRODUCED
     assert cells[2] == "1 of 1 runs the same; pooled (6 pairs, 1.5×): reproduced"  # the EPYC
-    # the Xeon: the latest and an earlier run of the same code; the older code's run is left out
+    # the Xeon: the latest and an earlier run of the same experiment; the runs of older code
+    # and of other parameters are left out
     assert cells[3] == "1 of 2 runs the same; pooled (12 pairs, 1.22×): inconclusive"
     noise = next(ln for ln in _rows(lines, STABILITY_HEADER) if ln.startswith("| 000-§3-io-24"))
     assert _cells(noise)[2] == "not recorded"
@@ -466,6 +474,13 @@ def test_provenance_names_the_machine():
     assert provenance.same_code(record, _provenance("2026-01-02T00:00:00Z", EPYC))
     assert not provenance.same_code(record, _provenance("x", XEON, {**TREES, "sdq": "e" * 40}))
     assert not provenance.same_code(record, {"notebook": "03_demo", "git": {"sha": "c" * 40}})
+    assert provenance.same_experiment(record, _provenance("y", EPYC))
+    other = {**PARAMS, "03_demo": {"repeat": 9}}
+    assert provenance.same_code(record, _provenance("y", XEON, params=other))
+    assert not provenance.same_experiment(record, _provenance("y", XEON, params=other))
+    other_model = {**PARAMS, "model": {"preset": "mini"}}
+    assert not provenance.same_experiment(record, _provenance("y", XEON, params=other_model))
+    assert not provenance.same_experiment(record, {**record, "params": None})
 
 
 def test_a_new_run_records_the_cpu_s_vector_extensions(tmp_path):

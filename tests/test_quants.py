@@ -10,7 +10,6 @@ from sdq.format.quants import (
     QUANTS,
     SUPPORTED_COMPUTE,
     block_facts,
-    is_plain,
     qtype_of,
     row_bytes,
     tensor_bytes,
@@ -57,7 +56,9 @@ def test_kernels_keep_no_copy_of_the_quant_facts():
     import sdq.format.quants as table
     import sdq.kernels
 
-    block_bytes = {block_facts(q).type_size for q in SUPPORTED_COMPUTE if not is_plain(q)}
+    block_bytes = {
+        block_facts(q).type_size for q in SUPPORTED_COMPUTE if block_facts(q).block_size > 1
+    }
     for path in sorted(Path(sdq.kernels.__file__).parent.glob("*.py")):
         module = importlib.import_module(f"sdq.kernels.{path.stem}")
         for name in ("qtype_of", "block_facts", "row_bytes", "tensor_bytes", "SUPPORTED_COMPUTE"):
@@ -124,4 +125,5 @@ def test_supported_compute_and_plain():
     assert SUPPORTED_COMPUTE == {
         Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4
     }  # fmt: skip
-    assert is_plain(Q.F32) and is_plain(Q.BF16) and not is_plain(Q.Q8_0)
+    assert block_facts(Q.F32).block_size == block_facts(Q.BF16).block_size == 1
+    assert block_facts(Q.Q8_0).block_size == 32

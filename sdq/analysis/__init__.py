@@ -7,7 +7,7 @@
     replay.py      a trace through a policy: per-layer or global scope, sweeps
     reuse.py       reuse in a token window, U(k) unions, per-layer popularity
     ngram.py       prompt-lookup drafting and the expert reads of batch verification
-    engine_log.py  record sdq's own route log (`sdq chat --route-log`) with token ids
+    engine_log.py  attach token ids to sdq's own route log (`sdq chat --route-log`)
     tables.py      the tables of notebook 02 (T6-T8) as DataFrames
     coactivation.py which experts a token uses together: the order of a pack (sdq pack)
 

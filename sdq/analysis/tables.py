@@ -15,7 +15,7 @@ import pandas as pd
 
 from sdq.analysis.ngram import mean_accepted, prompt_lookup, text_tokens, verify_reads
 from sdq.analysis.readers import read_texts, read_trace
-from sdq.analysis.replay import simulate_sequences, simulate_trace
+from sdq.analysis.replay import simulate_trace
 from sdq.analysis.reuse import (
     layer_popularity,
     only_once_fraction,
@@ -23,7 +23,7 @@ from sdq.analysis.reuse import (
     union_reads,
 )
 from sdq.analysis.simulate import PolicyParams
-from sdq.analysis.trace import RouteTrace, phase_blocks, select_phases
+from sdq.analysis.trace import RouteTrace, phase_blocks
 from sdq.errors import TraceError
 
 
@@ -45,11 +45,6 @@ class Source:
 
     def blocks(self) -> list[np.ndarray]:
         return phase_blocks(self.trace, self.phase)
-
-    def sequence_names(self) -> list[str]:
-        """The names of the sequences `blocks()` returns, in the same order."""
-        phases = select_phases(self.phase)
-        return [s.name for s in self.trace.sequences if any(s.phase(p).n_tokens for p in phases)]
 
 
 def real_source(root: str | Path, pattern: str, label: str | None = None) -> Source:
@@ -248,67 +243,4 @@ def routing_summary(sources: list[Source], window: int, k: int = 4) -> pd.DataFr
                 f"U({k})_saving": 1.0 - batched / single,
             }
         )
-    return pd.DataFrame(rows)
-
-
-# -- per sequence: the units of the seed claims' paired comparisons --------------------------
-# Routing statistics are deterministic: replaying a trace twice gives the same numbers, so the
-# spread a verdict's interval needs comes from the sequences (prompts, problems), each replayed
-# from a cold cache, not from repeated runs.
-
-
-def sequence_policies(
-    sources: list[Source],
-    fraction: float,
-    policies: list[str],
-    scope: str = "layer",
-    params: PolicyParams | None = None,
-) -> pd.DataFrame:
-    """One row per source, sequence and policy at `fraction` of the scope's experts (as
-    `slots_for`): lookups, misses, hit rate. `pin_other` is left out for a single sequence."""
-    rows = []
-    for src in sources:
-        slots = slots_for(src, fraction, scope)
-        names = src.sequence_names()
-        for p in policies:
-            if p == "pin_other" and len(names) < 2:
-                continue
-            for name, r in zip(
-                names,
-                simulate_sequences(src.trace, p, slots, scope, src.phase, params),
-                strict=True,
-            ):
-                rows.append(
-                    {
-                        "trace": src.label,
-                        "sequence": name,
-                        "scope": scope,
-                        "slots_frac": fraction,
-                        "slots": slots,
-                        "policy": p,
-                        "lookups": r.lookups,
-                        "misses": r.misses,
-                        "hit_rate": r.hit_rate,
-                    }
-                )
-    return pd.DataFrame(rows)
-
-
-def sequence_stats(sources: list[Source], window: int, k: int) -> pd.DataFrame:
-    """One row per source and sequence: tokens, the share of requests seen once in their
-    `window`-token window, and U(k) as a read ratio (reads with k-token batches / one at a
-    time; 1 - the saving)."""
-    rows = []
-    for src in sources:
-        for name, b in zip(src.sequence_names(), src.blocks(), strict=True):
-            batched, single = union_reads(b, k)
-            rows.append(
-                {
-                    "trace": src.label,
-                    "sequence": name,
-                    "tokens": int(b.shape[0]),
-                    "only_once": only_once_fraction([b], window),
-                    f"U({k})_reads": batched / single if single else float("nan"),
-                }
-            )
     return pd.DataFrame(rows)

@@ -70,11 +70,10 @@ class ChatTemplate:
     def render(self, messages, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` (checked first); with `add_generation_prompt` it ends
         where the assistant's reply begins."""
-        import jinja2
-
         checked = check_messages(messages)
+        compiled = self._compiled  # a template that does not compile says so, first
         try:
-            return self._compiled.render(
+            return compiled.render(
                 messages=checked,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -82,7 +81,7 @@ class ChatTemplate:
             )
         except _TemplateRefused as exc:
             raise ParamsError(f"the chat template refuses these messages: {exc}") from None
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+        except Exception as exc:  # the template is the file's code: what it raises is the file's
             raise TokenizerError(
                 f"{self.where}: {TEMPLATE_KEY} failed to render: {type(exc).__name__}: {exc}"
             ) from None

@@ -111,11 +111,6 @@ class HybridSpec:
     def conv_channels(self) -> int:
         return (2 * self.k_heads + self.v_heads) * self.state
 
-    @property
-    def recurrent_state_floats(self) -> int:
-        """Floats of one sequence's state in one delta-net block: conv tail + delta-net state."""
-        return (self.conv_kernel - 1) * self.conv_channels + self.v_heads * self.state**2
-
 
 @dataclass(frozen=True)
 class MlaSpec:
@@ -139,11 +134,6 @@ class MlaSpec:
     rope_attn_factor: float  # rope.scaling.attn_factor
     yarn_beta_fast: float
     yarn_beta_slow: float
-
-    @property
-    def cache_floats(self) -> int:
-        """Floats of one token's KV cache entry in one layer: the latent and the RoPE key."""
-        return self.kv_lora_rank + self.rope_dim
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,3 @@ def tensor_bytes(qtype: GGMLQuantizationType, shape: Sequence[int], what: str = 
     for n in shape[1:]:
         n_rows *= int(n)
     return row_bytes(qtype, int(shape[0]), what) * n_rows
-
-
-def is_plain(qtype: GGMLQuantizationType) -> bool:
-    """Types stored one value per element (F32, F16, BF16, integers), not in blocks."""
-    return block_facts(qtype).block_size == 1

@@ -19,8 +19,9 @@ docs/index.md is rendered from docs/src/index.md, whose markers become
     {{index:verdicts}}      one line per seed claim recorded in outputs/*/<params>/verdicts.json:
                             kind, the seed's figure and value, ours, n, margin, verdict, the
                             rule's clause and why
-    {{index:stability}}     per claim and machine: in how many kept runs of the same code the
-                            verdict came out as the latest, and the verdict on their pooled data
+    {{index:stability}}     per claim and machine: in how many kept runs of the same
+                            experiment (code and parameters) the verdict came out as
+                            the latest, and the verdict on their pooled data
 
 A verdict is shown only from a verdicts.json record, and only after its data have been judged
 again and give the same verdict. The figures come only from the files under outputs/, so the
@@ -31,9 +32,10 @@ HEAD from the code that produced the outputs (git trees, not commits: committing
 moves HEAD, not the code). A marker whose target does not exist is an error naming the
 template, line and missing file.
 
-Stability: outputs/<stem>/<params>/runs/ keeps every run. Runs *of the same code* are those
-whose provenance records the same git trees of sdq/ and of the notebook as the latest outputs
-(`provenance.same_code`); they are grouped by machine (`provenance.machine`: the CPU, its
+Stability: outputs/<stem>/<params>/runs/ keeps every run. Runs *of the same experiment* are
+those whose provenance records the same git trees of sdq/ and of the notebook as the latest
+outputs, and the same parameters (the model's and the notebook's: `provenance.same_experiment`);
+they are grouped by machine (`provenance.machine`: the CPU, its
 vector extensions, the disk), so a run copied in from another machine's outputs/ is that
 machine's column. For each claim and machine the index shows how many of those runs gave the
 latest verdict, and the verdict on all their data pooled (pairs or values concatenated, judged
@@ -574,8 +576,8 @@ def pooled_verdict(claim: Claim, verdicts: list[Verdict]) -> Verdict:
 
 
 def _stability(site: Site, verdicts: list[dict]) -> str:
-    """Per claim and machine: how many kept runs of the latest outputs' code gave the latest
-    verdict, and the verdict on their pooled data."""
+    """Per claim and machine: how many kept runs of the latest outputs' experiment (code and
+    parameters) gave the latest verdict, and the verdict on their pooled data."""
     if not verdicts:
         return NO_VERDICTS.format(params=site.params)
     machines: list[str] = []
@@ -583,7 +585,9 @@ def _stability(site: Site, verdicts: list[dict]) -> str:
     rows: list[tuple[str, str, dict[str, str]]] = []
     for stem in sorted({r["notebook"] for r in verdicts}):
         latest = _provenance(site, stem) or {}
-        runs = [r for r in kept_runs(site.out(stem)) if provenance.same_code(r.provenance, latest)]
+        runs = [
+            r for r in kept_runs(site.out(stem)) if provenance.same_experiment(r.provenance, latest)
+        ]
         groups: dict[str, list[KeptRun]] = {}
         for run in runs:
             groups.setdefault(provenance.machine(run.provenance), []).append(run)
@@ -596,13 +600,13 @@ def _stability(site: Site, verdicts: list[dict]) -> str:
             unread = sum(r.unreadable for r in runs)
             note = f" ({unread} records written under an older rule skipped)" if unread else ""
             notes.append(
-                f"- {stem}: {len(runs)} of the {total} kept runs ran the code of its latest "
-                f"outputs ({by}){note}."
+                f"- {stem}: {len(runs)} of the {total} kept runs repeat the experiment of its "
+                f"latest outputs ({by}){note}."
             )
         else:
             notes.append(
-                f"- {stem}: no kept run records the code of its latest outputs (git trees of "
-                f"`sdq` and the notebook), so none is compared."
+                f"- {stem}: no kept run repeats the experiment of its latest outputs (git "
+                f"trees of `sdq` and the notebook, parameters), so none is compared."
             )
         for record in (r for r in verdicts if r["notebook"] == stem):
             claim, now = from_record(record)
@@ -615,7 +619,7 @@ def _stability(site: Site, verdicts: list[dict]) -> str:
     for claim_id, word, cells in rows:
         table.append(_row([claim_id, word] + [cells.get(m, "—") for m in machines]))
     legend = [f"- machine {i + 1}: {m}" for i, m in enumerate(machines)] or [
-        "- no kept run of the latest outputs' code"
+        "- no kept run of the latest outputs' experiment"
     ]
     return "\n".join(legend) + "\n\n" + "\n".join(notes) + "\n\n" + "\n".join(table)
 

@@ -59,10 +59,6 @@ class RatioSummary:
     low: float | None
     high: float | None
 
-    @property
-    def excludes_one(self) -> bool:
-        return self.low is not None and (self.low > 1 or self.high < 1)
-
 
 def ratio_summary(p: Sequence[tuple[float, float]]) -> RatioSummary:
     """The rule's estimate (median of b/a on the log scale) and interval for pairs `p`."""

@@ -272,6 +272,17 @@ def same_code(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(trees_a.get(p) is not None and trees_a.get(p) == trees_b.get(p) for p in paths)
 
 
+def same_experiment(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two provenance records are repeats of one experiment: the same code
+    (`same_code`) run with the same parameters, the model's and the notebook's own (a run
+    with more repeats, another prompt or another model is another experiment)."""
+    if not same_code(a, b):
+        return False
+    pa, pb = (r.get("params") or {} for r in (a, b))
+    keys = ("model", a.get("notebook"))
+    return all(k in pa and pa.get(k) == pb.get(k) for k in keys)
+
+
 def collect(
     params: dict[str, Any],
     notebook: str,

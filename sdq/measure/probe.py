@@ -589,11 +589,6 @@ class Reread:
         a, b = np.asarray(self.first_ms), np.asarray(self.second_ms)  # [N], [N]
         return float(np.mean(a > b))
 
-    def mean_ratio_interval(self, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
-        """95 % percentile bootstrap interval of `mean_ratio`, resampling blocks (a block's two
-        reads stay together): a low end above 1 means the first reads were slower."""
-        return self._interval(lambda a, b: a.mean(axis=1) / b.mean(axis=1), resamples, seed)
-
     def slower_share_interval(self, resamples: int = 10_000, seed: int = 0):
         """95 % percentile bootstrap interval of `slower_share`, resampling blocks: a low end
         above 1/2 means first reads are slower more often than chance: a cache below."""

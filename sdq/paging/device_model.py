@@ -94,12 +94,6 @@ class DeviceModel:
         """What every figure measured under this model is labelled with."""
         return f"emulated: {self.name}"
 
-    def service_s(self, size: float, n: float) -> float:
-        """Seconds one read of `size` bytes takes with n reads in the device (n <= depth)."""
-        n = min(max(n, 1), self.queue_depth)
-        rate = min(self.stream_mb_s, self.aggregate_mb_s / n) * MB
-        return self.latency_ms / 1e3 + size / rate
-
     def level(self, size: int, threads: int) -> tuple[float, float]:
         """(per-read ms, aggregate MB/s) the model predicts for a probe level of `threads`
         workers reading `size`-byte reads back to back."""

@@ -217,18 +217,6 @@ class Session:
         self.engine.close()
 
 
-@contextlib.contextmanager
-def open_session(settings: RunSettings):
-    """A Session for `settings` (`RunSettings.from_args` for flags), closed when the block exits."""
-    session = Session(settings)
-    try:
-        yield session
-    except BaseException:
-        session.close(completed=False)  # no half route log under its final name
-        raise
-    session.close()
-
-
 def _note(message: str) -> None:
     import sys
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -55,7 +54,6 @@ _MIX = np.array([0.65, 0.5, 0.57])
 A_CLASS, A_SUB, A_TOKEN = _MIX / np.linalg.norm(_MIX)
 EMBED_CHUNK_ROWS = 32  # token_embd is drawn in chunks of this many rows (cheap random access)
 OUTPUT_CHUNK_ROWS = 8192  # output.weight likewise
-EXPERT_CHUNK = 1  # expert tensors are drawn one expert at a time
 
 CLASSES_VERSION = 1  # bump when token_class changes
 TOKEN_CLASSES = (
@@ -307,11 +305,6 @@ class SynthWeights:
         out = w.standard_normal(shape, np.float32)
         out *= scale
         return to_f16_values(out)
-
-    def expert_chunks(self, layer: int, part: str) -> Iterator[np.ndarray]:
-        """Every expert's matrix of one layer and part, in expert order."""
-        for e in range(self.cfg.n_expert):
-            yield self.expert(layer, part, e)
 
 
 # --- routing preview and statistics --------------------------------------------------------

@@ -435,15 +435,6 @@ def target_slots(cal: Calibration, s: Settings) -> int:
     return max(round(s.arena_fraction * cal.n_experts), 2 * cal.n_expert_used)
 
 
-def workspace_mb(model_obj, ctx: int, ubatch: int, threads: int = 1) -> tuple[float, float]:
-    """(KV cache MiB, compute buffers MiB) the plan counts for ctx, ubatch and compute threads."""
-    from sdq.run.workspace import workspace_bytes
-
-    ws = workspace_bytes(model_obj.spec, ctx, ubatch, threads)
-    kv = sum(b for name, b in ws.items() if name.endswith("cache"))
-    return kv / MIB, (sum(ws.values()) - kv) / MIB
-
-
 # -- configurations -------------------------------------------------------------------------
 
 
