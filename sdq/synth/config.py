@@ -56,6 +56,10 @@ class SynthConfig:
     zipf: float = 0.5  # expert popularity bias: -zipf * ln(rank)
     router_noise: float = 1.0  # spread of the full-rank (per-token noise) router logits
     context_mix: float = 0.15  # gain of the attention context term inside the routing subspace
+    # qwen35moe: rate of the moving average of the routing subspace its delta-net blocks carry
+    # (sdq.synth.qwen35); 0: Gaussian delta-net blocks that carry none. Left out of params()
+    # when 0, so the models made before it keep their names
+    context_ema: float = 0.0
     attn_noise: float = 0.5  # full-rank part of V and O
     moe_gain: float = 1.0  # scale of expert down projections
     logit_std: float = 3.0  # spread of the output logits
@@ -113,6 +117,10 @@ class SynthConfig:
         )
         need(self.token_subgroups >= 1, f"token_subgroups {self.token_subgroups} must be >= 1")
         need(self.arch in ARCHES, f"arch {self.arch!r} is not one of {', '.join(ARCHES)}")
+        need(
+            not self.context_ema or self.arch == "qwen35moe",
+            f"context_ema is a qwen35moe knob (its delta-net blocks), not {self.arch}'s",
+        )
         from gguf.constants import GGMLQuantizationType
 
         for pattern, type_name in self.tensor_types:
@@ -138,6 +146,11 @@ class SynthConfig:
                 self.shared_ffn % 32 == 0, f"shared_ffn {self.shared_ffn} must be a multiple of 32"
             )
             need(self.full_attention_interval >= 1, "full_attention_interval must be >= 1")
+            need(0.0 <= self.context_ema < 1.0, f"context_ema {self.context_ema} must be in [0, 1)")
+            need(
+                not self.context_ema or self.route_rank < self.ssm_state,
+                f"route_rank {self.route_rank} must be < ssm_state {self.ssm_state}",
+            )
             need(self.ssm_conv_kernel >= 1, "ssm_conv_kernel must be >= 1")
             need(
                 self.rope_dim % 2 == 0 and 2 <= self.rope_dim <= self.head_dim,
@@ -182,6 +195,8 @@ class SynthConfig:
             del out["tensor_types"]
         if not self.direct_experts:
             del out["direct_experts"]
+        if not self.context_ema:
+            del out["context_ema"]
         return out
 
 

@@ -11,18 +11,48 @@ Dh head dim, Hk / Hv delta-net key / value heads, S state size (key and value he
 C conv channels (2 Hk S + Hv S), Kc conv kernel.
 
 Routed experts and routers come from `SynthWeights` as for qwen3moe (token-dependent routing);
-the full-attention V/O carry the routing subspace as there. The linear-attention tensors are
-Gaussian, scaled to keep activations O(1); norms are 1 plus small noise so that a norm weight
-applied to the wrong vector shows up in the logits.
+the full-attention V/O carry the routing subspace as there: each full-attention block adds
+`context_mix` times the attention-weighted mean of earlier tokens' routing coordinates. Norms
+are 1 plus small noise so that a norm weight applied to the wrong vector shows up in the logits.
+
+The delta-net blocks either carry the routing subspace too (`context_ema` > 0) or nothing
+(0: Gaussian tensors scaled to keep activations O(1)). Carrying it, a block adds `context_mix`
+times an exponential moving average, at rate `context_ema`, of the tokens' routing coordinates,
+which the gated delta rule computes exactly when every token writes the same key:
+
+    k_t = q_t = u (fixed, from the common direction m)  =>  S_t u = (1 - beta) S_(t-1) u + beta v_t
+
+so with beta = context_ema and no decay the state's read-out along u is the moving average of
+v. The weights that make it so (every token carries m, so a row along m is a constant):
+
+* attn_qkv: q and k rows along m only, one positive pattern per key head (after the conv and
+  SiLU, then the L2 norm, a fixed unit vector: q = k); v rows a positive offset along m (so
+  SiLU is nearly linear) plus A_h P, which writes the token's routing coordinates into the
+  value head through A_h [S, r] (orthonormal columns, orthogonal to the all-ones offset).
+* ssm_conv1d: the current token only (taps 0, ..., 0, 1, plus small noise).
+* ssm_beta along m: beta = context_ema. ssm_alpha along -m, ssm_dt 0, ssm_a -1: no decay.
+* attn_gate along m: a constant SiLU gate; the gated RMS norm divides by the offset, leaving
+  1 + c A_h (average of the coordinates).
+* ssm_out: P^T A_h^T per value head (blind to the offset), scaled so that the block adds
+  `context_mix` times the average's routing coordinates, as a full-attention block adds the
+  mean's; plus full-rank noise as the attention blocks' V/O.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from sdq.synth.weights import SynthWeights, gaussian, rng_for, to_f16_values
+from sdq.synth.weights import BETA_M, BETA_S, SynthWeights, gaussian, rng_for, to_f16_values
 
 ARCH = "qwen35moe"
+
+# Pre-activations of the delta-net context construction (see the module docstring).
+QK_PRE = 4.0  # mean q/k pre-activation: SiLU nearly linear, the direction fixed
+V_BIAS = 4.0  # offset of every value entry: SiLU nearly linear around it
+V_GAIN = 2.0  # value entries per unit routing coordinate (times A_h's spread)
+Z_PRE = 3.0  # output gate pre-activation
+NO_DECAY = -10.0  # ssm_alpha pre-activation: softplus(-10) = 4.5e-5, exp(g) ~ 1
+CONTEXT_NOISE = 0.05  # spread of the token-dependent noise in q, k, v, beta, gate pre-activations
 
 
 def is_full_attention(cfg, layer: int) -> bool:
@@ -105,6 +135,9 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
         q = w.attention(int(name.split(".")[1]))["attn_q"].reshape(H, Dh, D)  # [H, Dh, D]
         gate = gaussian(w.seed, name + ".gate", (H, Dh, D), 1 / np.sqrt(D))  # [H, Dh, D]
         return np.concatenate([q, gate], axis=1).reshape(shape)
+    carried = cfg.context_ema and kind in CONTEXT_KINDS
+    if carried:
+        return delta_net_context(w, int(name.split(".")[1]))[kind]
     if kind in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"):
         return gaussian(w.seed, name, shape, 1 / np.sqrt(D))
     if kind == "ssm_out":
@@ -125,3 +158,75 @@ def make_tensor(w: SynthWeights, name: str, shape: tuple[int, ...]) -> np.ndarra
     if kind == "ffn_down_shexp":
         return gaussian(w.seed, name, shape, cfg.moe_gain / np.sqrt(shape[1]))
     return None
+
+
+CONTEXT_KINDS = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_conv1d", "ssm_dt", "ssm_a")
+CONTEXT_KINDS += ("ssm_out",)
+
+
+def _silu(x: float) -> float:
+    return x / (1.0 + np.exp(-x))
+
+
+def _silu_slope(x: float) -> float:
+    s = 1.0 / (1.0 + np.exp(-x))
+    return s * (1.0 + x * (1.0 - s))
+
+
+def delta_net_context(w: SynthWeights, layer: int) -> dict[str, np.ndarray]:
+    """The tensors of delta-net block `layer` that carry a moving average of the routing
+    subspace (module docstring), float32 and f16-rounded, keyed by tensor kind."""
+    cache = w.__dict__.setdefault("_delta_net_cache", {})
+    if layer in cache:
+        return cache[layer]
+    cfg = w.cfg
+    D, r, S = cfg.n_embd, cfg.route_rank, cfg.ssm_state
+    Hk, Hv, Kc = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_conv_kernel
+    m, P = w.m.astype(np.float64), w.P.astype(np.float64)  # [D], [r, D]
+    along_m = BETA_M * np.sqrt(D)  # m . x for a normalized residual x
+    coord = BETA_S * np.sqrt(D / r)  # spread of each routing coordinate P x
+    rng = rng_for(w.seed, f"blk.{layer}.delta_net_context")
+    noise = CONTEXT_NOISE / np.sqrt(D)
+
+    # q and k [Hk * S, D]: one positive pattern per key head, q = k
+    pattern = 0.5 + np.abs(rng.standard_normal((Hk, S)))  # [Hk, S]
+    pattern *= QK_PRE / pattern.mean(axis=1, keepdims=True)
+    qk = np.outer(pattern.ravel(), m) / along_m  # [Hk * S, D]
+    qk += rng.standard_normal(qk.shape) * noise
+    # v [Hv * S, D]: offset plus the routing coordinates through A_h [S, r]
+    a = []
+    for _ in range(Hv):  # orthonormal columns orthogonal to the all-ones offset
+        basis = np.linalg.qr(np.column_stack([np.ones(S), rng.standard_normal((S, r))]))[0]
+        a.append(basis[:, 1:])  # [S, r]
+    v = np.concatenate([V_BIAS * np.outer(np.ones(S), m) / along_m + V_GAIN * ah @ P / coord
+                        for ah in a])  # fmt: skip
+    v += rng.standard_normal(v.shape) * noise
+    qkv = np.concatenate([qk, qk.copy(), v])  # [2 Hk S + Hv S, D]: q, k, v
+
+    taps = 0.02 * rng.standard_normal((qkv.shape[0], Kc))  # [C, Kc]
+    taps[:, -1] = 1.0
+    beta_logit = np.log(cfg.context_ema / (1.0 - cfg.context_ema))
+    beta = np.outer(np.full(Hv, beta_logit), m) / along_m  # [Hv, D]
+    alpha = np.outer(np.full(Hv, NO_DECAY), m) / along_m  # [Hv, D]
+    gate = np.outer(np.full(Hv * S, Z_PRE), m) / along_m  # [Hv S, D]
+
+    # the gated norm leaves silu(Z_PRE) * (1 + slope * V_GAIN / silu(V_BIAS) * A_h avg) per
+    # head; ssm_out sums the heads' A_h^T parts back into P at context_mix per coordinate
+    carried = _silu(Z_PRE) * _silu_slope(V_BIAS) * V_GAIN / _silu(V_BIAS)
+    gain = cfg.context_mix * coord / (carried * Hv)
+    out = rng.standard_normal((D, Hv * S)) * (cfg.attn_noise / np.sqrt(Hv * S))
+    for h, ah in enumerate(a):
+        out[:, h * S : (h + 1) * S] += gain * (P.T @ ah.T)
+    tensors = {
+        "attn_qkv": qkv,
+        "attn_gate": gate,
+        "ssm_beta": beta,
+        "ssm_alpha": alpha,
+        "ssm_conv1d": taps,
+        "ssm_dt": np.zeros(Hv),
+        "ssm_a": -np.ones(Hv),
+        "ssm_out": out,
+    }
+    cache.clear()  # one block at a time, as the writer asks
+    cache[layer] = {k: to_f16_values(t.astype(np.float32)) for k, t in tensors.items()}
+    return cache[layer]

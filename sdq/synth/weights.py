@@ -319,7 +319,9 @@ def routing_preview(weights: SynthWeights, token_ids) -> np.ndarray:
 
     Approximates the forward pass by uniform causal attention whose output is the designed
     `context_mix` * P-projection of the context average, and leaves out expert outputs and the
-    attention noise terms. Cheap: only the embedding chunks that hold the tokens are drawn.
+    attention noise terms. A qwen35moe delta-net block adds the moving average at rate
+    `context_ema` instead (sdq.synth.qwen35), or nothing when that is 0. Cheap: only the
+    embedding chunks that hold the tokens are drawn.
     """
     cfg = weights.cfg
     ids = np.asarray(token_ids, dtype=np.int64)
@@ -330,11 +332,25 @@ def routing_preview(weights: SynthWeights, token_ids) -> np.ndarray:
     out = np.empty((T, cfg.n_layer, cfg.n_expert_used), np.int32)
     for layer in range(cfg.n_layer):
         xp = _rms_norm(h) @ P.T  # [T, r]
-        ctx = np.cumsum(xp, axis=0) / counts  # [T, r] causal mean
+        if cfg.arch == "qwen35moe" and (layer + 1) % cfg.full_attention_interval:
+            ctx = _moving_average(xp, cfg.context_ema) if cfg.context_ema else 0 * xp
+        else:
+            ctx = np.cumsum(xp, axis=0) / counts  # [T, r] causal mean
         h = h + cfg.context_mix * (ctx @ P)
         logits = _rms_norm(h) @ weights.router(layer).astype(np.float64).T  # [T, E]
         top = np.argsort(-logits, axis=1, kind="stable")[:, : cfg.n_expert_used]
         out[:, layer] = top
+    return out
+
+
+def _moving_average(x: np.ndarray, rate: float) -> np.ndarray:
+    """[T, r] moving average of x [T, r] at `rate`, started from zero and divided by the weight
+    it has gathered (1 - (1 - rate)^t): a delta-net block's normalized read-out."""
+    out = np.empty_like(x)
+    acc = np.zeros(x.shape[1])
+    for t in range(len(x)):
+        acc = (1.0 - rate) * acc + rate * x[t]
+        out[t] = acc / (1.0 - (1.0 - rate) ** (t + 1))
     return out
 
 
