@@ -52,7 +52,9 @@ V_BIAS = 4.0  # offset of every value entry: SiLU nearly linear around it
 V_GAIN = 2.0  # value entries per unit routing coordinate (times A_h's spread)
 Z_PRE = 3.0  # output gate pre-activation
 NO_DECAY = -10.0  # ssm_alpha pre-activation: softplus(-10) = 4.5e-5, exp(g) ~ 1
-CONTEXT_NOISE = 0.05  # spread of the token-dependent noise in q, k, v, beta, gate pre-activations
+CONTEXT_NOISE = 0.05  # spread of the token-dependent noise in q, k, beta, gate pre-activations
+V_NOISE = 0.5  # spread of the value entries' other features of the token: the average carries
+# them too, and ssm_out's full-rank part passes them on (context for the next-token logits)
 
 
 def is_full_attention(cfg, layer: int) -> bool:
@@ -200,7 +202,7 @@ def delta_net_context(w: SynthWeights, layer: int) -> dict[str, np.ndarray]:
         a.append(basis[:, 1:])  # [S, r]
     v = np.concatenate([V_BIAS * np.outer(np.ones(S), m) / along_m + V_GAIN * ah @ P / coord
                         for ah in a])  # fmt: skip
-    v += rng.standard_normal(v.shape) * noise
+    v += rng.standard_normal(v.shape) * (V_NOISE / np.sqrt(D))
     qkv = np.concatenate([qk, qk.copy(), v])  # [2 Hk S + Hv S, D]: q, k, v
 
     taps = 0.02 * rng.standard_normal((qkv.shape[0], Kc))  # [C, Kc]
@@ -216,7 +218,9 @@ def delta_net_context(w: SynthWeights, layer: int) -> dict[str, np.ndarray]:
     gain = cfg.context_mix * coord / (carried * Hv)
     out = rng.standard_normal((D, Hv * S)) * (cfg.attn_noise / np.sqrt(Hv * S))
     for h, ah in enumerate(a):
-        out[:, h * S : (h + 1) * S] += gain * (P.T @ ah.T)
+        head = out[:, h * S : (h + 1) * S]  # [D, S] view
+        head -= head.mean(axis=1, keepdims=True)  # blind to the offset: no constant output
+        head += gain * (P.T @ ah.T)
     tensors = {
         "attn_qkv": qkv,
         "attn_gate": gate,

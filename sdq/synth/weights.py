@@ -243,6 +243,8 @@ class SynthWeights:
             c0 = chunk * OUTPUT_CHUNK_ROWS
             c1 = min(c0 + OUTPUT_CHUNK_ROWS, self.cfg_vocab)
             w = rng_for(self.seed, "output.weight", chunk).standard_normal((c1 - c0, D), np.float32)
+            if getattr(self.cfg, "context_ema", 0.0):  # blind to the routing context (qwen35)
+                w -= (w @ self.P.T) @ self.P
             w *= self.cfg.logit_std / np.sqrt(D)
             parts.append(to_f16_values(w)[max(start, c0) - c0 : min(stop, c1) - c0])
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
