@@ -15,14 +15,20 @@ the prompt's tokens and the generated ones (a stop token that ended the reply in
 `stop` sequences are not supported.
 
 One generation runs at a time, in the main thread (where the engine's threads were set up):
-requests wait in a queue in the order they arrived. A request whose client disconnects is
-cancelled: a queued one never starts, a running one stops between two tokens. Every request
-is stateless: it starts from an empty KV cache, so the same request gets the same answer.
+requests wait in a queue in the order they arrived, at most `--max-queue` of them (default 16)
+behind the running one; one more is refused at once with 503 (code `queue_full`, and a
+`Retry-After` header) rather than left waiting without bound. A request whose client
+disconnects is cancelled: a queued one never starts (and frees its place), a running one stops
+between two tokens. Every request is stateless: it starts from an empty KV cache, so the same
+request gets the same answer. SIGINT and SIGTERM stop the server, in the foreground or started
+in the background by a shell (which would otherwise leave SIGINT ignored).
 
 Errors are OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a
-malformed request (missing or mistyped fields, a prompt longer than the context: code
-`context_length_exceeded`), 404 for another model's name, 500 for a failure while generating
-(a read error, say).
+malformed request (missing or mistyped fields, out-of-range sampling values, a prompt longer
+than the context: code `context_length_exceeded`), 404 for another model's name, 411 for a
+POST that does not state its length and 413 for a body over 4 MiB (`MAX_BODY_BYTES`: a full
+context of text is far less), 503 for a full queue, 500 for a failure while generating (a read
+error, say).
 
 The memory plan counts the process with the server's libraries loaded; request and response
 buffers come out of the reserve (`--reserve-mb`).
@@ -35,6 +41,8 @@ import sys
 from sdq.commands.run_flags import add_run_arguments, checked_settings
 from sdq.errors import ParamsError, SdqError
 
+MAX_BODY_BYTES = 4 << 20  # a request body over this is refused (413) before it is read
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
@@ -42,6 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(
         "--port", type=int, default=8080, help="port to listen on (0: any free port; printed)"
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait behind the running one; more are refused with 503",
     )
 
 
@@ -56,6 +70,8 @@ def run(args) -> int:
     settings = checked_settings(RunSettings.from_args(args))
     if not 0 <= args.port <= 65535:
         raise ParamsError(f"--port {args.port} must be in 0..65535")
+    if not 0 <= args.max_queue <= 4096:
+        raise ParamsError(f"--max-queue {args.max_queue} must be in 0..4096")
     try:
         import fastapi  # noqa: F401  (loaded before the memory plan measures the process)
         import uvicorn
@@ -67,11 +83,12 @@ def run(args) -> int:
         raise ParamsError(f"cannot listen on {args.host}:{args.port} ({exc})") from None
     with sock, Model(settings) as model:
         jobs: queue.Queue[Job] = queue.Queue()
-        app = build_app(model, jobs)
+        app = build_app(model, jobs, args.max_queue)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)  # also where a shell started us ignoring it
         thread.start()
         host, port = sock.getsockname()[:2]
         print(
@@ -181,8 +198,9 @@ def error_body(message: str, kind="invalid_request_error", param=None, code=None
 # --- the HTTP side (FastAPI, in uvicorn's thread) ----------------------------------------------
 
 
-def build_app(model, jobs: queue.Queue):
-    """The FastAPI app: requests become Jobs on `jobs`, which the main thread runs in order."""
+def build_app(model, jobs: queue.Queue, max_queue: int = 16):
+    """The FastAPI app: requests become Jobs on `jobs`, which the main thread runs in order;
+    at most `max_queue` wait (cancelled ones do not count)."""
     import asyncio
     import json
     import time
@@ -230,6 +248,7 @@ def build_app(model, jobs: queue.Queue):
         prompt: str | list[str] | list[int] = Field(min_length=1)
 
     app = FastAPI(title="sdq", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError):
@@ -302,6 +321,15 @@ def build_app(model, jobs: queue.Queue):
             )
             if v is not None
         }
+        with jobs.mutex:  # the main thread takes jobs off meanwhile
+            waiting = sum(not j.cancel.is_set() for j in jobs.queue)
+        if waiting >= max_queue:
+            body = error_body(
+                f"{waiting} requests already wait (--max-queue {max_queue}): try again later",
+                kind="server_error",
+                code="queue_full",
+            )
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         job = Job(prompt, n, sampling, asyncio.get_running_loop(), req.stream)
         jobs.put(job)
         first = await _next(job, request)
@@ -390,3 +418,31 @@ def _usage(n_prompt: int, n_generated: int) -> dict:
         "completion_tokens": n_generated,
         "total_tokens": n_prompt + n_generated,
     }
+
+
+class BodyLimit:
+    """ASGI middleware: a POST must state its length (411 otherwise), at most `limit` bytes
+    (413 otherwise); the HTTP server holds the body to what it stated."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        stated = dict(scope["headers"]).get(b"content-length")
+        if stated is None or not stated.isdigit():
+            return await _refuse(send, 411, "a request body must state its length")
+        if int(stated) > self.limit:
+            message = f"request body {int(stated):,} bytes > the limit {self.limit:,}"
+            return await _refuse(send, 413, message)
+        await self.app(scope, receive, send)
+
+
+async def _refuse(send, status: int, message: str) -> None:
+    import json
+
+    body = json.dumps(error_body(message)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
