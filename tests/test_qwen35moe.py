@@ -12,6 +12,7 @@ import pytest
 from family_support import (
     chat_summary,
     chat_under_budget,
+    f32_logits_error,
     greedy_both,
     model_fixture,
     paged_and_resident,
@@ -29,7 +30,7 @@ from sdq.kernels import delta_net
 from sdq.run.engine import Engine, ResidentExperts
 from sdq.run.qwen35_reference import Qwen35Reference
 from sdq.run.workspace import Workspace
-from sdq.synth.build import build_model
+from sdq.synth.build import build_model, resolve_config
 
 f32_path = model_fixture("tiny35", "F32", "f32_path")
 q4_path = model_fixture("tiny35", "Q4_K_M", "q4_path")
@@ -145,6 +146,19 @@ def test_quantized_teacher_forcing(llama_cpp, qtype, rounding_bar):
     # differ, the engines agree to float rounding before the first event (Q4_K_M: 4e-7):
     assert err[:16].max() < 1e-4, f"early positions differ: {err[:16].max():.2e}"
     assert agree >= bar, f"top-1 agreement {agree:.3f}"
+
+
+def test_calibrated_router_blocks_match_llama_cpp(llama_cpp):
+    """The calibrated router's delta-net blocks are an extreme point of the gated delta rule (one
+    fixed key for every token, no decay, beta = context_ema): the engines must still agree."""
+    cfg = resolve_config("tiny35", router="calibrated")
+    f32 = build_model(cfg, "F32", seed=0)
+    err, ours, theirs = f32_logits_error(f32)
+    assert err.max() < 1e-5 and (ours == theirs).all(), f"F32 logits differ: {err.max():.2e}"
+    mine, llama, _ = greedy_both(f32, 32)
+    assert mine == llama
+    agree, err = teacher_forced(build_model(cfg, "Q8_0", seed=0), 260)
+    assert agree >= exact_bar(0.97), f"top-1 agreement {agree:.3f}"
 
 
 # --- paging, CLI, refusals ------------------------------------------------------------------

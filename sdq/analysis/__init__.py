@@ -6,6 +6,7 @@
     optimal.py     the fewest misses with bypass allowed (min-cost flow)
     replay.py      a trace through a policy: per-layer or global scope, sweeps
     reuse.py       reuse in a token window, U(k) unions, per-layer popularity
+    locality.py    a decode's locality against the seed's figures (the router's targets)
     ngram.py       prompt-lookup drafting and the expert reads of batch verification
     engine_log.py  attach token ids to sdq's own route log (`sdq chat --route-log`)
     tables.py      the tables of notebook 02 (T6-T8) as DataFrames

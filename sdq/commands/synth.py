@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(_ARCH_PRESETS),
         help="architecture; without --preset its test preset, with one it must be the preset's",
     )
+    parser.add_argument(
+        "--router",
+        choices=["random", "calibrated"],
+        help="routing construction: calibrated (qwen35moe; the default of seed and seed-full) "
+        "routes with a trained model's temporal locality, random (every other preset's) mostly "
+        "by the token itself; default: the preset's",
+    )
     parser.add_argument("--qtype", default="Q4_K_M", help="Q4_K_M, Q8_0, F16, F32 (or Q4_0...)")
     parser.add_argument("--seed", type=int, default=0)
     dims = parser.add_argument_group("custom dimensions (override the preset)")
@@ -83,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {field: getattr(args, flag) for flag, field in _DIM_FLAGS.items()}
     overrides["tied_embeddings"] = args.tied
     preset = args.preset or _ARCH_PRESETS[args.arch or "qwen3moe"]
-    cfg = resolve_config(preset, **overrides)
+    cfg = resolve_config(preset, router=args.router, **overrides)
     if args.arch is not None and cfg.arch != args.arch:
         raise ParamsError(f"preset {preset!r} is a {cfg.arch} model, not {args.arch}")
     if args.remove:
@@ -137,6 +144,7 @@ def _summary(path, cfg, qtype: str, seed: int, cached: bool, seconds: float) -> 
         "seed": seed,
         "cached": cached,
         "build_s": None if cached else round(seconds, 2),
+        "router": cfg.router,
         "config": cfg.params(),
         "tensor_types": dict(sorted(Counter(t.qtype.name for t in model.tensors.values()).items())),
         # layer 0, expert 0 (Q4_K_M mixes types across layers for ffn_down)

@@ -8,6 +8,7 @@
     resident.py     sdq vs llama.cpp with every weight in RAM
     peers.py        sdq vs llama.cpp under the same memory cap, each run a child process (T12)
     optimum.py      a run's decode routing, its best possible cache, the token time split
+    routing.py      greedy decodes over a prompt set: their routing and its locality
     ceiling.py      the I/O ceiling and bound of a capped run, and how far the run got (T12_limits)
     kernels.py      kernel speed (`python -m sdq.measure.kernels`)
     experiments/    suites of `sdq chat` runs: subprocess per configuration, repeats, medians

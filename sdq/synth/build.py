@@ -56,6 +56,7 @@ from sdq.synth.config import (  # noqa: F401  (re-exported: sdq.synth.build is t
     LLAMA_MOE_FIELDS,
     QTYPES,
     QWEN35_FIELDS,
+    ROUTERS,
     STANDARD_MOE_ARCHES,
     SYNTH_FORMAT_VERSION,
     SynthConfig,
@@ -96,7 +97,8 @@ PRESETS: dict[str, SynthConfig] = {
         route_rank=8,
     ),
     # shaped like Qwen3.6-35B-A3B at depth 4 (3 delta-net blocks, 1 full-attention block); its
-    # Q4_K_M has the seed's expert segments: gate/up Q4_K (589,824 B), down Q5_K (720,896 B)
+    # Q4_K_M has the seed's expert segments: gate/up Q4_K (589,824 B), down Q5_K (720,896 B).
+    # Routing: the calibrated router (seed-random: the random one)
     "seed": SynthConfig(
         name="seed",
         arch="qwen35moe",
@@ -110,6 +112,7 @@ PRESETS: dict[str, SynthConfig] = {
         head_dim=256,
         route_rank=16,
         tensor_types=(("ffn_down_exps", "Q5_K"),),
+        **ROUTERS["calibrated"],
     ),
     # the seed's model at its full depth, 40 blocks (30 delta-net, 10 full attention): 10,240
     # routed experts, 19.5 GB of them written directly as random Q4_K / Q5_K blocks
@@ -128,6 +131,7 @@ PRESETS: dict[str, SynthConfig] = {
         route_rank=16,
         tensor_types=(("ffn_down_exps", "Q5_K"),),
         direct_experts=True,
+        **ROUTERS["calibrated"],
     ),
     # qwen2moe: q/k/v biases, a shared expert (FFN 512) beside 16 routed experts top-4, no
     # renormalised top-K weights; H * Dh = n_embd (llama.cpp's attn_q and attn_output shapes)
@@ -178,12 +182,22 @@ for _family in (deepseek2, glm4moe, gpt_oss):
     PRESETS.update(_family.PRESETS)
 
 
-def resolve_config(config: str | SynthConfig, **overrides) -> SynthConfig:
-    """A preset name or a config, with field overrides (the name becomes `<preset>-custom`)."""
+def resolve_config(
+    config: str | SynthConfig, router: str | None = None, **overrides
+) -> SynthConfig:
+    """A preset name or a config, with a named router (ROUTERS) and field overrides. The name
+    becomes `<preset>-<router>` when only the router changes, else `<preset>-custom`."""
     if isinstance(config, str):
         if config not in PRESETS:
             raise ParamsError(f"unknown synthetic preset {config!r} (known: {', '.join(PRESETS)})")
         config = PRESETS[config]
+    if router is not None:
+        if router not in ROUTERS:
+            raise ParamsError(f"unknown router {router!r} (known: {', '.join(ROUTERS)})")
+        knobs = {k: v for k, v in ROUTERS[router].items() if getattr(config, k) != v}
+        if knobs and not config.name.endswith("custom"):
+            knobs["name"] = f"{config.name}-{router}"
+        config = dataclasses.replace(config, **knobs)
     changes = {k: v for k, v in overrides.items() if v is not None and getattr(config, k) != v}
     if changes:
         name = changes.pop("name", None) or (

@@ -18,6 +18,19 @@ STANDARD_MOE_ARCHES = ("qwen2moe", "olmoe")  # sdq.synth.standard_moe
 LLAMA_MOE_ARCHES = ("llama", "granitemoe")  # sdq.synth.llama_moe
 K_QUANT_BLOCK = 256
 
+# Named routers: the routing knobs of SynthConfig each one sets (`resolve_config(..., router=)`,
+# `sdq synth --router`). `random` routes each token mostly by itself: a full-attention block adds
+# a little of the context's mean, so a 48-token decode has little temporal locality.
+# `calibrated` (qwen35moe) makes the delta-net blocks carry a moving average of the routing
+# coordinates (less their vocabulary mean) and weights that context more than the token, so
+# routing drifts slowly as a trained model's does, with a stronger per-layer popularity skew.
+# Its values come from notebook 02's calibration search against the seed's routing statistics
+# (sdq.analysis.locality.TARGETS).
+ROUTERS = {
+    "random": {"context_mix": 0.15, "context_ema": 0.0, "zipf": 0.5},
+    "calibrated": {"context_mix": 2.5, "context_ema": 0.15, "zipf": 1.25},
+}
+
 # qtype name -> llama_ftype number (llama.h); F32 and F16 are written directly.
 QTYPES = {
     "F32": 0,
@@ -87,6 +100,14 @@ class SynthConfig:
     attention_scale: float = 0.125
     logit_scale: float = 1.0
 
+    @property
+    def router(self) -> str:
+        """The named router (ROUTERS) whose knobs this config has, or "custom"."""
+        for name, knobs in ROUTERS.items():
+            if all(getattr(self, k) == v for k, v in knobs.items()):
+                return name
+        return "custom"
+
     def validate(self) -> SynthConfig:
         def need(ok: bool, what: str) -> None:
             if not ok:
@@ -119,7 +140,8 @@ class SynthConfig:
         need(self.arch in ARCHES, f"arch {self.arch!r} is not one of {', '.join(ARCHES)}")
         need(
             not self.context_ema or self.arch == "qwen35moe",
-            f"context_ema is a qwen35moe knob (its delta-net blocks), not {self.arch}'s",
+            f"context_ema (the calibrated router) needs qwen35moe's delta-net blocks; "
+            f"{self.arch} has only the random router",
         )
         from gguf.constants import GGMLQuantizationType
 

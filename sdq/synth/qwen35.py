@@ -17,8 +17,11 @@ are 1 plus small noise so that a norm weight applied to the wrong vector shows u
 
 The delta-net blocks either carry the routing subspace too (`context_ema` > 0) or nothing
 (0: Gaussian tensors scaled to keep activations O(1)). Carrying it, a block adds `context_mix`
-times an exponential moving average, at rate `context_ema`, of the tokens' routing coordinates,
-which the gated delta rule computes exactly when every token writes the same key:
+times an exponential moving average, at rate `context_ema`, of the tokens' routing coordinates
+less their mean over the vocabulary (so the average is specific to the text: an average of the
+coordinates themselves drifts to the same point for every text, and every prompt would then
+use the same experts), which the gated delta rule computes exactly when every token writes the
+same key:
 
     k_t = q_t = u (fixed, from the common direction m)  =>  S_t u = (1 - beta) S_(t-1) u + beta v_t
 
@@ -27,8 +30,9 @@ v. The weights that make it so (every token carries m, so a row along m is a con
 
 * attn_qkv: q and k rows along m only, one positive pattern per key head (after the conv and
   SiLU, then the L2 norm, a fixed unit vector: q = k); v rows a positive offset along m (so
-  SiLU is nearly linear) plus A_h P, which writes the token's routing coordinates into the
-  value head through A_h [S, r] (orthonormal columns, orthogonal to the all-ones offset).
+  SiLU is nearly linear) plus A_h (P - mean m^T / |m.x|), which writes the token's routing
+  coordinates less the vocabulary's mean into the value head through A_h [S, r] (orthonormal
+  columns, orthogonal to the all-ones offset).
 * ssm_conv1d: the current token only (taps 0, ..., 0, 1, plus small noise).
 * ssm_beta along m: beta = context_ema. ssm_alpha along -m, ssm_dt 0, ssm_a -1: no decay.
 * attn_gate along m: a constant SiLU gate; the gated RMS norm divides by the offset, leaving
@@ -200,7 +204,11 @@ def delta_net_context(w: SynthWeights, layer: int) -> dict[str, np.ndarray]:
     for _ in range(Hv):  # orthonormal columns orthogonal to the all-ones offset
         basis = np.linalg.qr(np.column_stack([np.ones(S), rng.standard_normal((S, r))]))[0]
         a.append(basis[:, 1:])  # [S, r]
-    v = np.concatenate([V_BIAS * np.outer(np.ones(S), m) / along_m + V_GAIN * ah @ P / coord
+    # read P x - mean: the tokens' deviation from the vocabulary's mean position (every token
+    # carries m, so the constant comes in along m); an average of deviations is specific to the
+    # text, where an average of positions drifts to the same mean for every text
+    centred = P - np.outer(w.routing_mean, m) / along_m  # [r, D]
+    v = np.concatenate([V_BIAS * np.outer(np.ones(S), m) / along_m + V_GAIN * ah @ centred / coord
                         for ah in a])  # fmt: skip
     v += rng.standard_normal(v.shape) * (V_NOISE / np.sqrt(D))
     qkv = np.concatenate([qk, qk.copy(), v])  # [2 Hk S + Hv S, D]: q, k, v

@@ -198,6 +198,15 @@ class SynthWeights:
         own = rng.standard_normal((len(ids), self.cfg.route_rank))
         return A_CLASS * uc[cls] + A_SUB * us[cls, sub] + A_TOKEN * own
 
+    @cached_property
+    def routing_mean(self) -> np.ndarray:
+        """[r] mean position in P of the embeddings of the whole vocabulary (what a long
+        average over text drifts to; the own offsets have mean zero)."""
+        uc, us = self.centroids
+        cls, sub = self.classes, self.subgroup[: self.cfg_vocab]
+        mean = A_CLASS * uc[cls].mean(axis=0) + A_SUB * us[cls, sub].mean(axis=0)  # [r]
+        return mean * (BETA_S * np.sqrt(self.cfg.n_embd / self.cfg.route_rank))
+
     # --- tensors ---------------------------------------------------------------------------
     def embedding_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of token_embd, [n, D] float32 (f16-rounded), chunk-aligned draws."""
@@ -335,7 +344,8 @@ def routing_preview(weights: SynthWeights, token_ids) -> np.ndarray:
     for layer in range(cfg.n_layer):
         xp = _rms_norm(h) @ P.T  # [T, r]
         if cfg.arch == "qwen35moe" and (layer + 1) % cfg.full_attention_interval:
-            ctx = _moving_average(xp, cfg.context_ema) if cfg.context_ema else 0 * xp
+            mean = weights.routing_mean  # [r] the delta-net blocks average deviations from it
+            ctx = _moving_average(xp - mean, cfg.context_ema) if cfg.context_ema else 0 * xp
         else:
             ctx = np.cumsum(xp, axis=0) / counts  # [T, r] causal mean
         h = h + cfg.context_mix * (ctx @ P)
