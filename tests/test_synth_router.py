@@ -14,7 +14,7 @@ from sdq.measure.routing import decode_locality
 from sdq.synth.build import build_model, resolve_config
 
 # the lab's router check on a narrow copy of the seed preset (notebook 02's `router_proxy`)
-NARROW = {"n_embd": 512, "expert_ffn": 128, "n_head": 8, "head_dim": 128}
+NARROW = {"n_embd": 512, "expert_ffn": 128, "n_head": 8, "head_dim": 128, "tensor_types": ()}
 PROMPTS = [
     "Explain in three sentences how SSD, RAM and CPU caches form a memory hierarchy.",
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
