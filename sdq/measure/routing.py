@@ -22,16 +22,24 @@ def decode_blocks(model_path, prompts: list[str], tokens: int, threads: int) -> 
     """Per prompt, the decode's routing int32 [T, L, K]: one greedy generation of `tokens`
     tokens (EOS ignored) per prompt, each in a fresh engine, so T = tokens - 1 (the first token
     comes from the prompt pass)."""
-    import sdq
+    from sdq.run.runtime import Model
+    from sdq.run.sampler import SamplerSettings
+    from sdq.run.settings import RunSettings
 
     n_expert = open_model(model_path).spec.n_expert
     blocks = []
     with tempfile.TemporaryDirectory(prefix="sdq-routes-") as tmp:
         for i, prompt in enumerate(prompts):
             log = Path(tmp) / f"prompt{i}.jsonl"
-            with sdq.load(
-                model_path, threads=threads, temp=0.0, stop_at_eos=False, route_log=str(log)
-            ) as m:
+            settings = RunSettings(
+                model=str(model_path),
+                threads=threads,
+                n_predict=tokens,
+                sampler=SamplerSettings(temp=0.0),
+                stop_at_eos=False,
+                route_log=str(log),
+            )
+            with Model(settings) as m:
                 m.generate(prompt, n=tokens)
             trace = read_trace(log, "engine", n_expert=n_expert)
             blocks.append(engine_source(trace, f"prompt {i}").blocks()[0])  # [T, L, K]
