@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from sdq.errors import ParamsError
 from sdq.measure import limits
 from sdq.measure.peers import (
     PeersResult,
@@ -340,7 +341,12 @@ def test_warm_runs_follow_each_cold_cap_and_read_less(tiny_model):
 
     s = PeerSettings(model=str(tiny_model), prompt_ids=(14990, 1052, 11, 1246), tokens=3)
     res = run_peers(
-        s, [700], 1, resident=False, capped_systems=("sdq", "llama-mmap"), warm_too=True
+        s,
+        [700],
+        1,
+        resident=False,
+        capped_systems=("sdq", "llama-mmap"),
+        warm_systems=("sdq", "llama-mmap"),
     )
     rows = {(r["mode"], r["system"]): r for r in res.rows}
     assert set(rows) == {(m, x) for m in ("capped", "warm") for x in ("sdq", "llama-mmap")}
@@ -379,3 +385,53 @@ def test_children_run_with_one_openblas_thread_unless_told(monkeypatch):
     peers._spawn(["x"], None, s)
     assert [e["OPENBLAS_NUM_THREADS"] for e in seen] == ["1", "3"]
     assert all(e["OMP_WAIT_POLICY"] == s.omp_wait_policy for e in seen)
+
+
+def test_only_the_warm_systems_run_warm(monkeypatch):
+    """`warm_systems` picks which capped systems also run warm; the others run cold only."""
+    from sdq.measure import peers
+
+    calls = []
+
+    def fake_run_one(system, settings, cond, repeat=0):
+        calls.append((system, cond.mode, cond.cap_mb))
+        return {"system": system, "mode": cond.mode, "cap_mb": cond.cap_mb, "status": "failed"}
+
+    monkeypatch.setattr(peers, "run_one", fake_run_one)
+    s = peers.PeerSettings(model=__file__, prompt_ids=(1, 2), tokens=2)
+    peers.run_peers(
+        s,
+        [500, 900],
+        2,
+        resident=False,
+        capped_systems=("sdq", "llama-mmap"),
+        warm_systems=("sdq",),
+        method="rlimit_data",
+        copy_model=False,
+        retry_failed=True,
+    )
+    assert sorted(set(calls)) == sorted(
+        {(x, "capped", c) for x in ("sdq", "llama-mmap") for c in (500.0, 900.0)}
+        | {("sdq", "warm", c) for c in (500.0, 900.0)}
+    )
+    assert len(calls) == 2 * 6  # two repeats of each condition
+    with pytest.raises(ParamsError, match="capped system 'llama'"):
+        peers.run_peers(s, [500], 1, resident=False, warm_systems=("llama",), copy_model=False)
+
+
+def test_an_emulated_device_is_passed_to_sdq_and_needs_the_page_cache():
+    from sdq.measure.peers import PeerSettings
+
+    device = "data/devices/seed-000-ssd.json"
+    s = PeerSettings(
+        model="m.gguf",
+        prompt_ids=(1,),
+        tokens=2,
+        sdq_device_model=device,
+        sdq_cache_mode="pagecache",
+    )
+    s.validate()
+    assert s.run_settings(resident=False, budget_mib=900.0).device_model == device
+    direct = PeerSettings(model="m.gguf", prompt_ids=(1,), tokens=2, sdq_device_model=device)
+    with pytest.raises(ParamsError, match="expected 'pagecache'"):
+        direct.validate()

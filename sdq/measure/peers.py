@@ -87,6 +87,9 @@ class PeerSettings:
     sdq_cache_mode: str = "direct"
     sdq_cache_policy: str = "auto"  # sdq's expert replacement (sdq chat --cache-policy)
     sdq_prefetch_next: int | None = None  # sdq chat --prefetch-next N (None: its default)
+    # sdq chat --device-model: every expert read held until this device model would finish it
+    # (sdq.paging.device_model; the bytes from the page cache); None: this machine's device
+    sdq_device_model: str | None = None
     io_threads: int | None = None  # sdq's expert read threads (None: 3 x threads)
     # OpenMP idle workers, for both engines alike: PASSIVE (block; sdq's own default) or ACTIVE
     # (spin). llama.cpp's ggml uses OpenMP too; spinning workers collapse on a busy machine.
@@ -140,6 +143,7 @@ class PeerSettings:
             cache_mode=self.sdq_cache_mode,
             cache_policy=self.sdq_cache_policy,
             prefetch_next=self.sdq_prefetch_next,
+            device_model=self.sdq_device_model,
         )
 
     def validate(self) -> None:
@@ -151,6 +155,11 @@ class PeerSettings:
             raise ParamsError("the prompt is empty (0 tokens)")
         if self.omp_wait_policy not in ("PASSIVE", "ACTIVE"):
             raise ParamsError(f"OpenMP wait policy {self.omp_wait_policy!r}: PASSIVE or ACTIVE")
+        if self.sdq_device_model and self.sdq_cache_mode != "pagecache":
+            raise ParamsError(
+                f"device model {self.sdq_device_model}: an emulated device reads from the page "
+                f"cache; sdq's cache mode is {self.sdq_cache_mode!r}, expected 'pagecache'"
+            )
         if len(self.prompt_ids) + self.tokens > self.ctx:
             raise ParamsError(
                 f"prompt {len(self.prompt_ids)} + --tokens {self.tokens} tokens exceed "
@@ -564,7 +573,7 @@ def run_peers(
     copy_model: bool = True,
     retry_failed: bool = False,
     systems_at: Mapping[float, Sequence[str]] | None = None,
-    warm_too: bool = False,
+    warm_systems: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
 ) -> PeersResult:
     """Resident comparison (when `resident`), then every cap; `repeat` rounds of each, the
@@ -579,7 +588,7 @@ def run_peers(
     if repeat < 1:
         raise ParamsError(f"--repeat {repeat} must be >= 1")
     systems_at = {float(c): tuple(v) for c, v in (systems_at or {}).items()}
-    for s in [*capped_systems, *(x for v in systems_at.values() for x in v)]:
+    for s in [*capped_systems, *warm_systems, *(x for v in systems_at.values() for x in v)]:
         if s not in CAPPED_SYSTEMS:
             raise ParamsError(f"capped system {s!r}: expected some of {CAPPED_SYSTEMS}")
     for cap in caps_mb:
@@ -617,13 +626,15 @@ def run_peers(
             conds = [
                 Condition(float(cap), method, warm)
                 for cap in caps_mb
-                for warm in ((False, True) if warm_too else (False,))
+                for warm in ((False, True) if warm_systems else (False,))
             ]
             for cond in conds:
                 cap = cond.cap_mb
                 failed: set[str] = set()
                 for r in range(repeat):
                     systems = systems_at.get(float(cap), tuple(capped_systems))
+                    if cond.warm:
+                        systems = tuple(s for s in systems if s in warm_systems)
                     for system in run_order(list(systems), r):
                         if system in failed and not retry_failed:
                             continue
@@ -782,6 +793,9 @@ class _SdqChild:
             "prefetches": f.get("expert_cache", {}).get("prefetches"),
             "prefetch_hits": f.get("expert_cache", {}).get("prefetch_hits"),
             "slot_bytes": f.get("slot_bytes"),
+            # under an emulated device: reads held, and those whose bytes came after their end
+            "emulated_reads": f.get("emulated_reads"),
+            "late_reads": f.get("late_reads"),
             "generated_ids": list(g.generated_ids),
         }
 
