@@ -75,7 +75,7 @@ test: kernel-cache
 
 # Mutation testing (not part of `make test`): mutmut mutates the pager cache, the cache policies,
 # the memory plan, the sampler, the lab's verdict rule, the decode optimum, the device model,
-# the cache simulator and the chat template ([tool.mutmut] in pyproject.toml names them and the
+# the cache simulator, the chat template and the expert reads ([tool.mutmut] in pyproject.toml names them and the
 # fast tests each mutant runs against), one worker at low priority; tests/mutation/report.py
 # writes the scores and every survivor with its classification (tests/mutation/equivalent.toml) to
 # tests/mutation/REPORT.md. MUTANTS="sdq.run.sampler*" runs a subset. Numba's workqueue threading
